@@ -1,0 +1,53 @@
+//! The master's configuration: a TOML file, every field optional (defaults below), overridable
+//! by command-line flags and `STRATA_*` environment variables in the CLI.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MasterConfig {
+    /// gRPC address for clients and workers. Default `127.0.0.1:19998`.
+    pub rpc_addr: SocketAddr,
+    /// HTTP address serving `/metrics` and `/health`. Default `127.0.0.1:19999`.
+    pub http_addr: SocketAddr,
+    /// Directory of the durable store (`master.redb`). Default `.strata/master`.
+    pub data_dir: PathBuf,
+    /// A worker silent for this long (milliseconds) is declared lost and leaves the ring.
+    /// Default 10000.
+    pub worker_timeout_ms: u64,
+    /// How often workers heartbeat (milliseconds); told to each worker when it registers.
+    /// Default 1000.
+    pub heartbeat_interval_ms: u64,
+    /// Entries kept in the metadata (stat and listing) cache. Default 100000.
+    pub metadata_cache_entries: u64,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            rpc_addr: ([127, 0, 0, 1], 19998).into(),
+            http_addr: ([127, 0, 0, 1], 19999).into(),
+            data_dir: PathBuf::from(".strata/master"),
+            worker_timeout_ms: 10_000,
+            heartbeat_interval_ms: 1_000,
+            metadata_cache_entries: 100_000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_toml_takes_defaults_and_unknown_fields_fail() {
+        let c: MasterConfig = toml::from_str("worker_timeout_ms = 500").unwrap();
+        assert_eq!(c.worker_timeout_ms, 500);
+        assert_eq!(c.rpc_addr, MasterConfig::default().rpc_addr);
+        let err = toml::from_str::<MasterConfig>("worker_timeout = 5").unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+}

@@ -1,0 +1,154 @@
+//! Worker membership as a state machine without I/O: events in (`register`, `heartbeat`,
+//! `tick(now)`), the live set and its epoch out. Time is a parameter, so tests drive the clock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use strata_common::Member;
+use strata_proto::{TierUsage, WorkerCounters};
+
+#[derive(Debug, Clone)]
+pub struct WorkerRecord {
+    pub id: String,
+    pub data_addr: String,
+    pub http_addr: String,
+    pub last_heartbeat: Instant,
+    pub live: bool,
+    pub tiers: Vec<TierUsage>,
+    pub counters: WorkerCounters,
+}
+
+#[derive(Debug)]
+pub struct Membership {
+    workers: BTreeMap<String, WorkerRecord>,
+    epoch: u64,
+    timeout: Duration,
+}
+
+impl Membership {
+    /// `first_epoch` should grow across master restarts (the master uses wall-clock millis), so
+    /// a client never mistakes an old membership for a newer one.
+    pub fn new(timeout: Duration, first_epoch: u64) -> Self {
+        Self {
+            workers: BTreeMap::new(),
+            epoch: first_epoch,
+            timeout,
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Adds or refreshes a worker. The epoch moves when the live set or an address changes.
+    pub fn register(&mut self, id: &str, data_addr: &str, http_addr: &str, now: Instant) -> u64 {
+        let changed = match self.workers.get(id) {
+            Some(w) => !w.live || w.data_addr != data_addr,
+            None => true,
+        };
+        let record = self
+            .workers
+            .entry(id.to_string())
+            .or_insert_with(|| WorkerRecord {
+                id: id.to_string(),
+                data_addr: String::new(),
+                http_addr: String::new(),
+                last_heartbeat: now,
+                live: true,
+                tiers: Vec::new(),
+                counters: WorkerCounters::default(),
+            });
+        record.data_addr = data_addr.to_string();
+        record.http_addr = http_addr.to_string();
+        record.last_heartbeat = now;
+        record.live = true;
+        if changed {
+            self.epoch += 1;
+        }
+        self.epoch
+    }
+
+    /// Records a heartbeat. `false` means the worker is unknown or was declared lost and must
+    /// register again.
+    pub fn heartbeat(&mut self, id: &str, now: Instant) -> bool {
+        match self.workers.get_mut(id) {
+            Some(w) if w.live => {
+                w.last_heartbeat = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn update_stats(&mut self, id: &str, tiers: Vec<TierUsage>, counters: WorkerCounters) {
+        if let Some(w) = self.workers.get_mut(id) {
+            w.tiers = tiers;
+            w.counters = counters;
+        }
+    }
+
+    /// Declares workers lost whose last heartbeat is older than the timeout; returns them.
+    pub fn tick(&mut self, now: Instant) -> Vec<String> {
+        let mut lost = Vec::new();
+        for w in self.workers.values_mut() {
+            if w.live && now.saturating_duration_since(w.last_heartbeat) > self.timeout {
+                w.live = false;
+                lost.push(w.id.clone());
+            }
+        }
+        if !lost.is_empty() {
+            self.epoch += 1;
+        }
+        lost
+    }
+
+    pub fn live_members(&self) -> Vec<Member> {
+        self.workers
+            .values()
+            .filter(|w| w.live)
+            .map(|w| Member {
+                id: w.id.clone(),
+                data_addr: w.data_addr.clone(),
+            })
+            .collect()
+    }
+
+    pub fn workers(&self) -> impl Iterator<Item = &WorkerRecord> {
+        self.workers.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_workers_leave_the_live_set_and_bump_the_epoch() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(Duration::from_secs(3), 100);
+        assert_eq!(m.register("a", "h:1", "h:2", t0), 101);
+        assert_eq!(m.register("b", "h:3", "h:4", t0), 102);
+        // Re-registering unchanged does not move the epoch.
+        assert_eq!(m.register("a", "h:1", "h:2", t0), 102);
+        assert!(m.heartbeat("a", t0 + Duration::from_secs(2)));
+        assert!(m.tick(t0 + Duration::from_secs(3)).is_empty());
+        assert_eq!(m.tick(t0 + Duration::from_secs(4)), vec!["b".to_string()]);
+        assert_eq!(m.epoch(), 103);
+        assert_eq!(
+            m.live_members()
+                .iter()
+                .map(|w| w.id.as_str())
+                .collect::<Vec<_>>(),
+            vec!["a"]
+        );
+        // A lost worker's heartbeat is refused until it registers again.
+        assert!(!m.heartbeat("b", t0 + Duration::from_secs(5)));
+        assert!(!m.heartbeat("zzz", t0));
+        // Coming back on a new port moves the epoch.
+        assert_eq!(
+            m.register("b", "h:9", "h:4", t0 + Duration::from_secs(5)),
+            104
+        );
+        assert_eq!(m.live_members().len(), 2);
+    }
+}

@@ -1,0 +1,653 @@
+//! The master process: state, the gRPC adapter over it, background liveness ticks.
+//!
+//! Handlers are thin: they normalise input, call into the state (membership, mounts, block
+//! map, metadata cache) and map errors to `tonic::Status` through `strata_proto::status`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use moka::future::Cache;
+use strata_common::{ErrorKind, block, path};
+use strata_proto::master_server::{Master as MasterRpc, MasterServer};
+use strata_proto::{
+    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, Empty,
+    FileStatus, HeartbeatRequest, HeartbeatResponse, ListRequest, ListResponse, MountInfo,
+    MountList, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, Replica,
+    StatRequest, WorkerCounters, WorkerMountsRequest, WorkerStatus,
+};
+use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory, redact_options};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::blockmap::BlockMap;
+use crate::config::MasterConfig;
+use crate::membership::Membership;
+use crate::metrics_defs as m;
+use crate::mounts::{Mount, MountError, MountRecord, MountTable};
+use crate::store::{MetaStore, RedbStore, StoreError};
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MasterError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+type RpcResult<T> = Result<Response<T>, Status>;
+
+struct CachedStat {
+    at: Instant,
+    meta: ObjectMeta,
+}
+
+struct CachedList {
+    at: Instant,
+    entries: Vec<UfsEntry>,
+}
+
+struct State {
+    config: MasterConfig,
+    membership: Mutex<Membership>,
+    mounts: RwLock<MountTable>,
+    mounts_epoch: Mutex<u64>,
+    blocks: Mutex<BlockMap>,
+    store: Arc<dyn MetaStore>,
+    factory: Arc<dyn UfsFactory>,
+    stats: Cache<String, Arc<CachedStat>>,
+    lists: Cache<String, Arc<CachedList>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn err(rpc: &'static str, kind: ErrorKind, msg: impl Into<String>) -> Status {
+    metrics::counter!(m::RPC_ERRORS, "rpc" => rpc, "kind" => kind.as_str()).increment(1);
+    strata_proto::status(kind, msg)
+}
+
+fn mount_err(rpc: &'static str, e: MountError) -> Status {
+    err(rpc, e.kind(), e.to_string())
+}
+
+fn ufs_err(rpc: &'static str, path: &str, e: strata_ufs::UfsError) -> Status {
+    let msg = match &e {
+        strata_ufs::UfsError::NotFound(_) => format!("no such file or directory: {path}"),
+        other => format!("{path}: {other}"),
+    };
+    err(rpc, e.kind(), msg)
+}
+
+fn now_epoch_base() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl State {
+    fn resolve(
+        &self,
+        rpc: &'static str,
+        raw: &str,
+    ) -> Result<(String, Arc<Mount>, String), Status> {
+        let p = path::normalize(raw)
+            .map_err(|e| err(rpc, ErrorKind::InvalidArgument, e.to_string()))?;
+        let mounts = self.mounts.read().unwrap_or_else(|p| p.into_inner());
+        let (mount, rel) = mounts.resolve(&p).ok_or_else(|| {
+            err(
+                rpc,
+                ErrorKind::NotFound,
+                format!("{p} is not under any mount (see `strata mount ls`)"),
+            )
+        })?;
+        Ok((p, mount, rel))
+    }
+
+    async fn stat_path(
+        &self,
+        rpc: &'static str,
+        raw: &str,
+        sync: bool,
+    ) -> Result<(String, Arc<Mount>, String, ObjectMeta), Status> {
+        let (p, mount, rel) = self.resolve(rpc, raw)?;
+        if !sync {
+            if let Some(hit) = self.stats.get(&p).await {
+                if hit.at.elapsed() < mount.metadata_ttl {
+                    metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
+                    return Ok((p, mount, rel, hit.meta.clone()));
+                }
+            }
+        }
+        metrics::counter!(m::METADATA_CACHE, "result" => "miss").increment(1);
+        let meta = if rel.is_empty() {
+            // The mount point itself is a directory even if the UFS root has no entry.
+            ObjectMeta {
+                is_dir: true,
+                size: 0,
+                version: String::new(),
+                mtime_ms: 0,
+            }
+        } else {
+            match mount.ufs.stat(&rel).await {
+                Ok(meta) => meta,
+                Err(e) => {
+                    self.stats.invalidate(&p).await;
+                    return Err(ufs_err(rpc, &p, e));
+                }
+            }
+        };
+        if !mount.metadata_ttl.is_zero() {
+            self.stats
+                .insert(
+                    p.clone(),
+                    Arc::new(CachedStat {
+                        at: Instant::now(),
+                        meta: meta.clone(),
+                    }),
+                )
+                .await;
+        }
+        Ok((p, mount, rel, meta))
+    }
+
+    fn file_status(path: &str, mount: &Mount, rel: &str, meta: &ObjectMeta) -> FileStatus {
+        FileStatus {
+            path: path.to_string(),
+            is_dir: meta.is_dir,
+            size: meta.size,
+            version: meta.version.clone(),
+            mtime_ms: meta.mtime_ms,
+            block_size: mount.block_size,
+            file_id: if meta.is_dir {
+                String::new()
+            } else {
+                block::file_identity(&mount.record.uri, rel, mount.block_size)
+            },
+        }
+    }
+
+    fn mount_info(mount: &Mount, with_secrets: bool) -> MountInfo {
+        let options = if with_secrets {
+            mount.record.options.clone()
+        } else {
+            redact_options(&mount.record.options)
+        };
+        MountInfo {
+            path: mount.record.path.clone(),
+            uri: mount.record.uri.clone(),
+            options: options.into_iter().collect::<HashMap<_, _>>(),
+            block_size: mount.block_size,
+            metadata_ttl_ms: mount.metadata_ttl.as_millis() as u64,
+        }
+    }
+
+    fn mount_list(&self, with_secrets: bool) -> MountList {
+        let mounts = self.mounts.read().unwrap_or_else(|p| p.into_inner());
+        MountList {
+            epoch: *lock(&self.mounts_epoch),
+            mounts: mounts
+                .iter()
+                .map(|m| Self::mount_info(m, with_secrets))
+                .collect(),
+        }
+    }
+
+    fn tick(&self) {
+        let lost = lock(&self.membership).tick(Instant::now());
+        if !lost.is_empty() {
+            let mut blocks = lock(&self.blocks);
+            for id in &lost {
+                warn!(worker = %id, "worker lost: no heartbeat within the timeout");
+                blocks.drop_worker(id);
+            }
+            metrics::counter!(m::WORKERS_LOST).increment(lost.len() as u64);
+            metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
+        }
+        metrics::gauge!(m::LIVE_WORKERS).set(lock(&self.membership).live_members().len() as f64);
+    }
+}
+
+#[derive(Clone)]
+struct Rpc(Arc<State>);
+
+#[tonic::async_trait]
+impl MasterRpc for Rpc {
+    async fn get_membership(&self, _: Request<Empty>) -> RpcResult<strata_proto::Membership> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "get_membership").increment(1);
+        let mem = lock(&self.0.membership);
+        Ok(Response::new(strata_proto::Membership {
+            epoch: mem.epoch(),
+            workers: mem
+                .live_members()
+                .into_iter()
+                .map(|w| strata_proto::Member {
+                    id: w.id,
+                    data_addr: w.data_addr,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn list_mounts(&self, _: Request<Empty>) -> RpcResult<MountList> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "list_mounts").increment(1);
+        Ok(Response::new(self.0.mount_list(false)))
+    }
+
+    async fn add_mount(&self, req: Request<AddMountRequest>) -> RpcResult<MountInfo> {
+        const RPC: &str = "add_mount";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let req = req.into_inner();
+        let record = MountRecord {
+            path: req.path,
+            uri: req.uri,
+            options: req.options.into_iter().collect(),
+        };
+        let mount = Mount::open(record, self.0.factory.as_ref()).map_err(|e| mount_err(RPC, e))?;
+        self.0
+            .mounts
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .check_new(&mount)
+            .map_err(|e| mount_err(RPC, e))?;
+        // Reach the UFS once now, so a wrong root fails here and not at the first read.
+        let root = mount.ufs.stat("").await;
+        if let Err(e) = root {
+            let e = MountError::Ufs {
+                path: mount.record.path.clone(),
+                uri: mount.record.uri.clone(),
+                source: e,
+            };
+            return Err(mount_err(RPC, e));
+        }
+        let info = State::mount_info(&mount, false);
+        {
+            let mut table = self.0.mounts.write().unwrap_or_else(|p| p.into_inner());
+            // Checked again under the write lock: another add may have raced us.
+            table.check_new(&mount).map_err(|e| mount_err(RPC, e))?;
+            self.0
+                .store
+                .put_mount(&mount.record)
+                .map_err(|e| err(RPC, ErrorKind::Internal, e.to_string()))?;
+            info!(mount = %mount.record.path, uri = %mount.record.uri, "mount added");
+            table.insert(mount);
+            metrics::gauge!(m::MOUNTS).set(table.len() as f64);
+        }
+        *lock(&self.0.mounts_epoch) += 1;
+        Ok(Response::new(info))
+    }
+
+    async fn remove_mount(&self, req: Request<RemoveMountRequest>) -> RpcResult<Empty> {
+        const RPC: &str = "remove_mount";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let p = path::normalize(&req.into_inner().path)
+            .map_err(|e| err(RPC, ErrorKind::InvalidArgument, e.to_string()))?;
+        {
+            let mut table = self.0.mounts.write().unwrap_or_else(|p| p.into_inner());
+            if table
+                .resolve(&p)
+                .is_none_or(|(m, rel)| !rel.is_empty() || m.record.path != p)
+            {
+                return Err(mount_err(RPC, MountError::NotMounted(p)));
+            }
+            self.0
+                .store
+                .delete_mount(&p)
+                .map_err(|e| err(RPC, ErrorKind::Internal, e.to_string()))?;
+            table.remove(&p);
+            metrics::gauge!(m::MOUNTS).set(table.len() as f64);
+            info!(mount = %p, "mount removed");
+        }
+        self.0.stats.invalidate_all();
+        self.0.lists.invalidate_all();
+        *lock(&self.0.mounts_epoch) += 1;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn stat(&self, req: Request<StatRequest>) -> RpcResult<FileStatus> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "stat").increment(1);
+        let req = req.into_inner();
+        let (p, mount, rel, meta) = self.0.stat_path("stat", &req.path, req.sync).await?;
+        Ok(Response::new(State::file_status(&p, &mount, &rel, &meta)))
+    }
+
+    async fn list(&self, req: Request<ListRequest>) -> RpcResult<ListResponse> {
+        const RPC: &str = "list";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let req = req.into_inner();
+        let (p, mount, rel, meta) = self.0.stat_path(RPC, &req.path, req.sync).await?;
+        if !meta.is_dir {
+            // Listing a file lists that file, as `ls` does.
+            return Ok(Response::new(ListResponse {
+                entries: vec![State::file_status(&p, &mount, &rel, &meta)],
+            }));
+        }
+        let cached = if req.sync {
+            None
+        } else {
+            self.0.lists.get(&p).await
+        };
+        let entries = match cached {
+            Some(hit) if hit.at.elapsed() < mount.metadata_ttl => hit,
+            _ => {
+                let entries = mount
+                    .ufs
+                    .list(&rel)
+                    .await
+                    .map_err(|e| ufs_err(RPC, &p, e))?;
+                let fresh = Arc::new(CachedList {
+                    at: Instant::now(),
+                    entries,
+                });
+                if !mount.metadata_ttl.is_zero() {
+                    self.0.lists.insert(p.clone(), fresh.clone()).await;
+                }
+                fresh
+            }
+        };
+        let out = entries
+            .entries
+            .iter()
+            .map(|e| {
+                let child_rel = if rel.is_empty() {
+                    e.name.clone()
+                } else {
+                    format!("{rel}/{}", e.name)
+                };
+                State::file_status(&path::join(&p, &e.name), &mount, &child_rel, &e.meta)
+            })
+            .collect();
+        Ok(Response::new(ListResponse { entries: out }))
+    }
+
+    async fn get_block_locations(
+        &self,
+        req: Request<BlockLocationsRequest>,
+    ) -> RpcResult<BlockLocations> {
+        const RPC: &str = "get_block_locations";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let (p, mount, rel, meta) = self.0.stat_path(RPC, &req.into_inner().path, false).await?;
+        if meta.is_dir {
+            return Err(err(
+                RPC,
+                ErrorKind::IsDirectory,
+                format!("{p} is a directory"),
+            ));
+        }
+        let file_id = block::file_identity(&mount.record.uri, &rel, mount.block_size);
+        let addrs: HashMap<String, String> = lock(&self.0.membership)
+            .workers()
+            .map(|w| (w.id.clone(), w.data_addr.clone()))
+            .collect();
+        let locations = lock(&self.0.blocks).locations(&file_id, &meta.version);
+        let blocks = locations
+            .into_iter()
+            .map(|(index, holders)| BlockLocation {
+                index,
+                replicas: holders
+                    .into_iter()
+                    .map(|(worker_id, tier)| Replica {
+                        data_addr: addrs.get(&worker_id).cloned().unwrap_or_default(),
+                        worker_id,
+                        tier: tier as i32,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(Response::new(BlockLocations {
+            path: p,
+            version: meta.version,
+            blocks,
+        }))
+    }
+
+    async fn status(&self, _: Request<Empty>) -> RpcResult<ClusterStatus> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "status").increment(1);
+        let mem = lock(&self.0.membership);
+        let blocks = lock(&self.0.blocks);
+        let now = Instant::now();
+        let mut totals = WorkerCounters::default();
+        let workers: Vec<WorkerStatus> = mem
+            .workers()
+            .map(|w| {
+                let c = &w.counters;
+                totals.cache_hits += c.cache_hits;
+                totals.cache_misses += c.cache_misses;
+                totals.ufs_reads += c.ufs_reads;
+                totals.ufs_bytes_read += c.ufs_bytes_read;
+                totals.bytes_served += c.bytes_served;
+                totals.corrupt_blocks += c.corrupt_blocks;
+                WorkerStatus {
+                    id: w.id.clone(),
+                    data_addr: w.data_addr.clone(),
+                    http_addr: w.http_addr.clone(),
+                    live: w.live,
+                    last_heartbeat_ms_ago: now
+                        .saturating_duration_since(w.last_heartbeat)
+                        .as_millis() as u64,
+                    tiers: w.tiers.clone(),
+                    counters: Some(*c),
+                    blocks: blocks.worker_blocks(&w.id),
+                }
+            })
+            .collect();
+        Ok(Response::new(ClusterStatus {
+            membership_epoch: mem.epoch(),
+            workers,
+            totals: Some(totals),
+            blocks: blocks.total_blocks(),
+            mounts: self
+                .0
+                .mounts
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .len() as u64,
+        }))
+    }
+
+    async fn register_worker(
+        &self,
+        req: Request<RegisterWorkerRequest>,
+    ) -> RpcResult<RegisterWorkerResponse> {
+        const RPC: &str = "register_worker";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let req = req.into_inner();
+        if req.worker_id.is_empty() || req.data_addr.parse::<SocketAddr>().is_err() {
+            return Err(err(
+                RPC,
+                ErrorKind::InvalidArgument,
+                "worker id and a data address host:port are required",
+            ));
+        }
+        let epoch = lock(&self.0.membership).register(
+            &req.worker_id,
+            &req.data_addr,
+            &req.http_addr,
+            Instant::now(),
+        );
+        // It will send a full report next: forget what it held before.
+        lock(&self.0.blocks).drop_worker(&req.worker_id);
+        info!(worker = %req.worker_id, data_addr = %req.data_addr, epoch, "worker registered");
+        Ok(Response::new(RegisterWorkerResponse {
+            membership_epoch: epoch,
+            heartbeat_interval_ms: self.0.config.heartbeat_interval_ms,
+            mounts_epoch: *lock(&self.0.mounts_epoch),
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> RpcResult<HeartbeatResponse> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "heartbeat").increment(1);
+        let req = req.into_inner();
+        let mounts_epoch = *lock(&self.0.mounts_epoch);
+        let mut mem = lock(&self.0.membership);
+        if !mem.heartbeat(&req.worker_id, Instant::now()) {
+            return Ok(Response::new(HeartbeatResponse {
+                reregister: true,
+                membership_epoch: mem.epoch(),
+                mounts_epoch,
+            }));
+        }
+        mem.update_stats(&req.worker_id, req.tiers, req.counters.unwrap_or_default());
+        let epoch = mem.epoch();
+        drop(mem);
+        let mut blocks = lock(&self.0.blocks);
+        if req.full_report {
+            blocks.drop_worker(&req.worker_id);
+        }
+        for r in &req.added {
+            blocks.add(&req.worker_id, r);
+        }
+        for r in &req.removed {
+            blocks.remove(&req.worker_id, r);
+        }
+        metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
+        Ok(Response::new(HeartbeatResponse {
+            reregister: false,
+            membership_epoch: epoch,
+            mounts_epoch,
+        }))
+    }
+
+    async fn worker_mounts(&self, _: Request<WorkerMountsRequest>) -> RpcResult<MountList> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "worker_mounts").increment(1);
+        Ok(Response::new(self.0.mount_list(true)))
+    }
+}
+
+/// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
+pub struct MasterHandle {
+    pub rpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    state: Arc<State>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MasterHandle {
+    /// Stops serving, closes connections and releases the store.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        self.state.store.close();
+    }
+}
+
+pub struct Master;
+
+impl Master {
+    /// Opens the store, loads the mounts, binds both ports and starts serving.
+    pub async fn start(
+        config: MasterConfig,
+        factory: Arc<dyn UfsFactory>,
+    ) -> Result<MasterHandle, MasterError> {
+        let store: Arc<dyn MetaStore> =
+            Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
+        let mut table = MountTable::default();
+        for record in store.load_mounts()? {
+            // A mount that no longer opens (option rules changed) is kept in the store and
+            // reported, not dropped: losing a user's mount silently is worse.
+            match Mount::open(record.clone(), factory.as_ref()) {
+                Ok(mount) => {
+                    table.insert(mount);
+                }
+                Err(e) => {
+                    warn!(mount = %record.path, err = %e, "stored mount cannot be opened; skipped")
+                }
+            }
+        }
+        info!(mounts = table.len(), "master state loaded");
+        metrics::gauge!(m::MOUNTS).set(table.len() as f64);
+        let state = Arc::new(State {
+            membership: Mutex::new(Membership::new(
+                Duration::from_millis(config.worker_timeout_ms),
+                now_epoch_base(),
+            )),
+            mounts: RwLock::new(table),
+            mounts_epoch: Mutex::new(now_epoch_base()),
+            blocks: Mutex::new(BlockMap::default()),
+            store,
+            factory,
+            stats: Cache::builder()
+                .max_capacity(config.metadata_cache_entries)
+                .build(),
+            lists: Cache::builder()
+                .max_capacity(config.metadata_cache_entries / 10 + 1)
+                .build(),
+            config,
+        });
+        let cancel = CancellationToken::new();
+
+        let listener = TcpListener::bind(state.config.rpc_addr)
+            .await
+            .map_err(|source| MasterError::Bind {
+                addr: state.config.rpc_addr,
+                source,
+            })?;
+        let rpc_addr = listener.local_addr().map_err(|source| MasterError::Bind {
+            addr: state.config.rpc_addr,
+            source,
+        })?;
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let svc = MasterServer::new(Rpc(state.clone()));
+        let shutdown = cancel.clone();
+        let server = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await;
+            if let Err(e) = result {
+                warn!(err = %e, "master rpc server stopped");
+            }
+        });
+
+        let health_state = Arc::downgrade(&state);
+        let (http_addr, http_task) = strata_proto::ops_http::serve(
+            state.config.http_addr,
+            Arc::new(move || {
+                if health_state.upgrade().is_some() {
+                    Ok(())
+                } else {
+                    Err("stopped".into())
+                }
+            }),
+        )
+        .await
+        .map_err(|source| MasterError::Bind {
+            addr: state.config.http_addr,
+            source,
+        })?;
+
+        let tick_state = state.clone();
+        let tick_every =
+            Duration::from_millis((state.config.worker_timeout_ms / 4).clamp(10, 1000));
+        let ticker = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(tick_every);
+            loop {
+                interval.tick().await;
+                tick_state.tick();
+            }
+        });
+        info!(%rpc_addr, %http_addr, "master started");
+        Ok(MasterHandle {
+            rpc_addr,
+            http_addr,
+            state,
+            cancel,
+            tasks: vec![server, http_task, ticker],
+        })
+    }
+}

@@ -1,0 +1,139 @@
+//! Durable master state. Mounts (and later jobs and schedules) live in an embedded redb file,
+//! so a master restart loses nothing; workers re-register and re-report the rest.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use thiserror::Error;
+
+use crate::mounts::MountRecord;
+
+const MOUNTS: TableDefinition<&str, &str> = TableDefinition::new("mounts");
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("metadata store: {0}")]
+    Db(String),
+    #[error("metadata store holds a malformed record under {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error("metadata store is closed")]
+    Closed,
+}
+
+fn db_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+pub trait MetaStore: Send + Sync + 'static {
+    fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError>;
+    fn put_mount(&self, record: &MountRecord) -> Result<(), StoreError>;
+    fn delete_mount(&self, path: &str) -> Result<(), StoreError>;
+    /// Releases the underlying file so a new master in this process can open it.
+    fn close(&self);
+}
+
+pub struct RedbStore {
+    db: Mutex<Option<Database>>,
+}
+
+impl RedbStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(db_err)?;
+        }
+        let db = Database::create(path).map_err(db_err)?;
+        let txn = db.begin_write().map_err(db_err)?;
+        txn.open_table(MOUNTS).map_err(db_err)?;
+        txn.commit().map_err(db_err)?;
+        Ok(Self {
+            db: Mutex::new(Some(db)),
+        })
+    }
+
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let guard = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        f(guard.as_ref().ok_or(StoreError::Closed)?)
+    }
+}
+
+impl MetaStore for RedbStore {
+    fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError> {
+        self.with_db(|db| {
+            let txn = db.begin_read().map_err(db_err)?;
+            let table = txn.open_table(MOUNTS).map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in table.iter().map_err(db_err)? {
+                let (k, v) = row.map_err(db_err)?;
+                let record = serde_json::from_str(v.value()).map_err(|e| StoreError::Corrupt {
+                    key: k.value().to_string(),
+                    reason: e.to_string(),
+                })?;
+                out.push(record);
+            }
+            Ok(out)
+        })
+    }
+
+    fn put_mount(&self, record: &MountRecord) -> Result<(), StoreError> {
+        let value = serde_json::to_string(record).map_err(db_err)?;
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            txn.open_table(MOUNTS)
+                .map_err(db_err)?
+                .insert(record.path.as_str(), value.as_str())
+                .map_err(db_err)?;
+            txn.commit().map_err(db_err)
+        })
+    }
+
+    fn delete_mount(&self, path: &str) -> Result<(), StoreError> {
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            txn.open_table(MOUNTS)
+                .map_err(db_err)?
+                .remove(path)
+                .map_err(db_err)?;
+            txn.commit().map_err(db_err)
+        })
+    }
+
+    fn close(&self) {
+        self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.redb");
+        let record = MountRecord {
+            path: "/data".into(),
+            uri: "file:///tmp".into(),
+            options: [("metadata_ttl".to_string(), "1s".to_string())].into(),
+        };
+        {
+            let store = RedbStore::open(&path).unwrap();
+            store.put_mount(&record).unwrap();
+            store
+                .put_mount(&MountRecord {
+                    path: "/gone".into(),
+                    ..record.clone()
+                })
+                .unwrap();
+            store.delete_mount("/gone").unwrap();
+            store.close();
+            assert!(matches!(store.load_mounts(), Err(StoreError::Closed)));
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.load_mounts().unwrap(), vec![record]);
+    }
+}

@@ -1,0 +1,367 @@
+//! The worker's read path: DRAM, then NVMe (promoting hits), then one UFS fetch per block
+//! shared by every concurrent miss.
+//!
+//! Invariants: a block is cached only after a UFS read of exactly its range at exactly the
+//! requested version succeeded (the UFS refuses a changed object), so no half-written or
+//! mixed-version block is ever stored; an NVMe write is reported to the master only once the
+//! file is in place; tier failures degrade to misses, never to failed reads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_common::frame::{ReadBlockRequest, Source};
+use strata_common::{BlockKey, ErrorKind, block, path};
+use strata_proto::master_client::MasterClient;
+use strata_proto::{MountList, WorkerCounters, WorkerMountsRequest};
+use strata_ufs::{Ufs, UfsError, UfsFactory};
+use thiserror::Error;
+use tokio::sync::{OnceCell, Semaphore};
+use tonic::transport::Channel;
+use tracing::{debug, warn};
+
+use crate::metrics_defs as m;
+use crate::tier::{Tier, TierKind};
+
+/// Why a block read failed; travels to the client as an error frame.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0} is not under any mount")]
+    NoMount(String),
+    #[error(transparent)]
+    Ufs(#[from] UfsError),
+    #[error("UFS read of {0} timed out")]
+    UfsTimeout(String),
+}
+
+impl ServeError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ServeError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ServeError::NoMount(_) => ErrorKind::NotFound,
+            ServeError::Ufs(e) => e.kind(),
+            ServeError::UfsTimeout(_) => ErrorKind::Ufs,
+        }
+    }
+}
+
+/// A mount as a worker needs it: where its blocks come from and how big they are.
+pub struct WorkerMount {
+    pub uri: String,
+    pub block_size: u64,
+    pub ufs: Arc<dyn Ufs>,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub ufs_reads: AtomicU64,
+    pub ufs_bytes: AtomicU64,
+    pub bytes_served: AtomicU64,
+}
+
+pub struct BlockStore {
+    pub(crate) memory: Arc<dyn Tier>,
+    pub(crate) nvme: Arc<dyn Tier>,
+    factory: Arc<dyn UfsFactory>,
+    mounts: RwLock<(u64, BTreeMap<String, Arc<WorkerMount>>)>,
+    inflight: Mutex<HashMap<BlockKey, Arc<OnceCell<Bytes>>>>,
+    nvme_budget: Arc<Semaphore>,
+    nvme_budget_units: u32,
+    ufs_timeout: Duration,
+    pub counters: Counters,
+    /// Where to fetch the mount table when a request names a mount this worker has not heard
+    /// of yet (it was added since the last heartbeat).
+    master: Mutex<Option<(MasterClient<Channel>, String)>>,
+}
+
+/// NVMe write budget is counted in KiB so a u32 of permits covers terabytes.
+const BUDGET_UNIT: u64 = 1024;
+
+impl BlockStore {
+    pub fn new(
+        memory: Arc<dyn Tier>,
+        nvme: Arc<dyn Tier>,
+        factory: Arc<dyn UfsFactory>,
+        ufs_timeout: Duration,
+        nvme_write_budget: u64,
+    ) -> Self {
+        let units = (nvme_write_budget / BUDGET_UNIT).clamp(1, u32::MAX as u64 / 2) as u32;
+        Self {
+            memory,
+            nvme,
+            factory,
+            mounts: RwLock::new((0, BTreeMap::new())),
+            inflight: Mutex::new(HashMap::new()),
+            nvme_budget: Arc::new(Semaphore::new(units as usize)),
+            nvme_budget_units: units,
+            ufs_timeout,
+            counters: Counters::default(),
+            master: Mutex::new(None),
+        }
+    }
+
+    /// Replaces the mount table with the master's (including UFS options).
+    pub fn set_mounts(&self, list: &MountList) {
+        let mut table = BTreeMap::new();
+        for m in &list.mounts {
+            let options = m
+                .options
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            match self.factory.open(&m.uri, &options) {
+                Ok(ufs) => {
+                    table.insert(
+                        m.path.clone(),
+                        Arc::new(WorkerMount {
+                            uri: m.uri.clone(),
+                            block_size: m.block_size,
+                            ufs,
+                        }),
+                    );
+                }
+                Err(e) => {
+                    warn!(mount = %m.path, err = %e, "cannot open mount's UFS on this worker")
+                }
+            }
+        }
+        *self.mounts.write().unwrap_or_else(|p| p.into_inner()) = (list.epoch, table);
+    }
+
+    pub fn set_master(&self, client: MasterClient<Channel>, worker_id: String) {
+        *self.master.lock().unwrap_or_else(|p| p.into_inner()) = Some((client, worker_id));
+    }
+
+    pub async fn refresh_mounts(&self) {
+        let master = self
+            .master
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((mut client, worker_id)) = master {
+            match client
+                .worker_mounts(WorkerMountsRequest { worker_id })
+                .await
+            {
+                Ok(list) => self.set_mounts(&list.into_inner()),
+                Err(status) => warn!(err = %status.message(), "cannot fetch mounts"),
+            }
+        }
+    }
+
+    pub fn mounts_epoch(&self) -> u64 {
+        self.mounts.read().unwrap_or_else(|p| p.into_inner()).0
+    }
+
+    fn resolve(&self, p: &str) -> Option<(Arc<WorkerMount>, String)> {
+        let guard = self.mounts.read().unwrap_or_else(|p| p.into_inner());
+        path::resolve_mount(&guard.1, p).map(|(_, m, rel)| (m.clone(), rel))
+    }
+
+    /// Serves one block range. `Ok((bytes, source))` holds exactly `req.len` bytes.
+    pub async fn read(&self, req: &ReadBlockRequest) -> Result<(Bytes, Source), ServeError> {
+        let p =
+            path::normalize(&req.path).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
+        let (mount, rel) = match self.resolve(&p) {
+            Some(found) => found,
+            None => {
+                self.refresh_mounts().await;
+                self.resolve(&p)
+                    .ok_or_else(|| ServeError::NoMount(p.clone()))?
+            }
+        };
+        if rel.is_empty() {
+            return Err(ServeError::InvalidArgument(format!(
+                "{p} is a mount point, not a file"
+            )));
+        }
+        if req.block_size != mount.block_size {
+            return Err(ServeError::InvalidArgument(format!(
+                "block size {} does not match the mount's {} (stale client mount table?)",
+                req.block_size, mount.block_size
+            )));
+        }
+        if req.version.is_empty() {
+            return Err(ServeError::InvalidArgument("empty version".into()));
+        }
+        let block_len = block::block_len(req.file_size, req.block_size, req.block_index);
+        if req.len == 0
+            || block_len == 0
+            || req
+                .offset
+                .checked_add(req.len)
+                .is_none_or(|end| end > block_len)
+        {
+            return Err(ServeError::InvalidArgument(format!(
+                "range {}+{} outside block {} of {} bytes",
+                req.offset, req.len, req.block_index, block_len
+            )));
+        }
+        let key = BlockKey::new(
+            block::file_identity(&mount.uri, &rel, mount.block_size),
+            req.version.clone(),
+            req.block_index,
+        );
+        let (bytes, source) = self
+            .block(
+                &key,
+                &mount,
+                &rel,
+                req.block_index * req.block_size,
+                block_len,
+            )
+            .await?;
+        let start = req.offset as usize;
+        let out = bytes.slice(start..start + req.len as usize);
+        self.counters
+            .bytes_served
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        metrics::counter!(m::BYTES_SERVED).increment(out.len() as u64);
+        Ok((out, source))
+    }
+
+    async fn block(
+        &self,
+        key: &BlockKey,
+        mount: &WorkerMount,
+        rel: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<(Bytes, Source), ServeError> {
+        if let Some(b) = self.from_tiers(key).await {
+            return Ok(b);
+        }
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::CACHE_MISSES).increment(1);
+        let cell = {
+            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            inflight.entry(key.clone()).or_default().clone()
+        };
+        let result = cell
+            .get_or_try_init(|| async {
+                // A flight that just finished may have filled DRAM after our first look.
+                if let Ok(Some(b)) = self.memory.get(key).await {
+                    return Ok(b);
+                }
+                self.fetch(key, mount, rel, start, len).await
+            })
+            .await
+            .cloned();
+        {
+            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            if inflight
+                .get(key)
+                .is_some_and(|c| Arc::ptr_eq(c, &cell) && c.initialized())
+            {
+                inflight.remove(key);
+            }
+        }
+        result.map(|b| (b, Source::Ufs))
+    }
+
+    async fn from_tiers(&self, key: &BlockKey) -> Option<(Bytes, Source)> {
+        match self.memory.get(key).await {
+            Ok(Some(b)) => {
+                self.hit(TierKind::Memory);
+                return Some((b, Source::Memory));
+            }
+            Ok(None) => {}
+            Err(e) => warn!(block = %key, tier = "memory", err = %e, "tier read failed"),
+        }
+        match self.nvme.get(key).await {
+            Ok(Some(b)) => {
+                self.hit(TierKind::Nvme);
+                if let Err(e) = self.memory.put(key, b.clone()).await {
+                    debug!(block = %key, tier = "memory", err = %e, "promotion skipped");
+                }
+                Some((b, Source::Nvme))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                warn!(block = %key, tier = "nvme", err = %e, "tier read failed");
+                None
+            }
+        }
+    }
+
+    fn hit(&self, tier: TierKind) {
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::CACHE_HITS, "tier" => tier.label()).increment(1);
+    }
+
+    async fn fetch(
+        &self,
+        key: &BlockKey,
+        mount: &WorkerMount,
+        rel: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Bytes, ServeError> {
+        let read = mount.ufs.read_range(rel, start..start + len, &key.version);
+        let bytes = match tokio::time::timeout(self.ufs_timeout, read).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                metrics::counter!(m::UFS_ERRORS, "kind" => e.kind().as_str()).increment(1);
+                return Err(e.into());
+            }
+            Err(_) => {
+                metrics::counter!(m::UFS_ERRORS, "kind" => "timeout").increment(1);
+                return Err(ServeError::UfsTimeout(rel.to_string()));
+            }
+        };
+        self.counters.ufs_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .ufs_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        metrics::counter!(m::UFS_READS).increment(1);
+        metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
+        if let Err(e) = self.memory.put(key, bytes.clone()).await {
+            debug!(block = %key, tier = "memory", err = %e, "not cached in memory");
+        }
+        self.write_nvme(key.clone(), bytes.clone()).await;
+        Ok(bytes)
+    }
+
+    /// Queues an NVMe write, waiting for budget when too many bytes are already queued: a
+    /// slow disk slows misses down instead of silently losing blocks.
+    async fn write_nvme(&self, key: BlockKey, bytes: Bytes) {
+        let units =
+            (bytes.len() as u64 / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
+        let Ok(permit) = self.nvme_budget.clone().acquire_many_owned(units).await else {
+            return;
+        };
+        let nvme = self.nvme.clone();
+        tokio::spawn(async move {
+            if let Err(e) = nvme.put(&key, bytes).await {
+                debug!(block = %key, tier = "nvme", err = %e, "not cached on nvme");
+            }
+            drop(permit);
+        });
+    }
+
+    /// Waits until every queued NVMe write has finished.
+    pub async fn flush(&self) {
+        if let Ok(all) = self.nvme_budget.acquire_many(self.nvme_budget_units).await {
+            drop(all);
+        }
+    }
+
+    pub fn counters(&self) -> WorkerCounters {
+        let c = &self.counters;
+        WorkerCounters {
+            cache_hits: c.hits.load(Ordering::Relaxed),
+            cache_misses: c.misses.load(Ordering::Relaxed),
+            ufs_reads: c.ufs_reads.load(Ordering::Relaxed),
+            ufs_bytes_read: c.ufs_bytes.load(Ordering::Relaxed),
+            bytes_served: c.bytes_served.load(Ordering::Relaxed),
+            corrupt_blocks: self.memory.corrupt_blocks() + self.nvme.corrupt_blocks(),
+        }
+    }
+}

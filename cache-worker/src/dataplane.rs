@@ -1,0 +1,156 @@
+//! The data-plane server: framed TCP (see `strata_common::frame`), one request at a time per
+//! connection, payload bytes written straight from the block's `Bytes`.
+//!
+//! A malformed frame gets an error frame and the connection is closed (its framing can no
+//! longer be trusted); a request that is well-framed but wrong gets an error frame and the
+//! connection stays usable. Either way the worker keeps serving everyone else.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_common::ErrorKind;
+use strata_common::frame::{
+    self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader,
+    decode_request_header,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+
+use crate::blockstore::BlockStore;
+use crate::metrics_defs as m;
+
+/// Small payloads go out in one write with their header; large ones in two writes, without
+/// copying the block.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let store = store.clone();
+                let cancel = cancel.clone();
+                tracker.spawn(async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        r = connection(stream, store) => {
+                            if let Err(e) = r {
+                                debug!(%peer, err = %e, "data-plane connection ended");
+                            }
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                warn!(err = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+async fn connection(mut stream: TcpStream, store: Arc<BlockStore>) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut header = [0u8; REQUEST_HEADER_LEN];
+    let mut body = Vec::new();
+    loop {
+        match stream.read_exact(&mut header).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let body_len = match decode_request_header(&header) {
+            Ok((frame::Op::ReadBlock, len)) => len,
+            Err(e) => return reject(&mut stream, &e.to_string()).await,
+        };
+        body.resize(body_len, 0);
+        stream.read_exact(&mut body).await?;
+        let req = match ReadBlockRequest::decode_body(&body) {
+            Ok(r) => r,
+            Err(e) => return reject(&mut stream, &e.to_string()).await,
+        };
+        let started = Instant::now();
+        match store.read(&req).await {
+            Ok((bytes, source)) => {
+                let head = ResponseHeader {
+                    status: Ok(source),
+                    req_id: req.req_id,
+                    payload_len: bytes.len() as u64,
+                }
+                .encode();
+                if bytes.len() <= COALESCE_LIMIT {
+                    let mut out = Vec::with_capacity(head.len() + bytes.len());
+                    out.extend_from_slice(&head);
+                    out.extend_from_slice(&bytes);
+                    stream.write_all(&out).await?;
+                } else {
+                    stream.write_all(&head).await?;
+                    stream.write_all(&bytes).await?;
+                }
+                let label = match source {
+                    frame::Source::Memory => "memory",
+                    frame::Source::Nvme => "nvme",
+                    frame::Source::Ufs => "ufs",
+                };
+                metrics::histogram!(m::READ_SECONDS, "source" => label)
+                    .record(started.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                debug!(path = %req.path, block = req.block_index, err = %e, "block read failed");
+                send_error(&mut stream, req.req_id, e.kind(), &e.to_string()).await?;
+            }
+        }
+    }
+}
+
+/// Answers a malformed frame and closes the connection. The peer may have sent more bytes we
+/// will never read; closing with them unread makes the kernel send a reset that can destroy our
+/// error frame in flight, so we half-close first and drain briefly.
+async fn reject(stream: &mut TcpStream, message: &str) -> std::io::Result<()> {
+    send_error(stream, 0, ErrorKind::BadFrame, message).await?;
+    stream.shutdown().await?;
+    let mut sink = [0u8; 4096];
+    let drain = async {
+        let mut left = 1 << 20;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left -= n.min(left),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), drain).await;
+    Ok(())
+}
+
+async fn send_error(
+    stream: &mut TcpStream,
+    req_id: u64,
+    kind: ErrorKind,
+    message: &str,
+) -> std::io::Result<()> {
+    metrics::counter!(m::REQUEST_ERRORS, "kind" => kind.as_str()).increment(1);
+    let mut msg = message.as_bytes();
+    if msg.len() > MAX_ERROR_MESSAGE {
+        msg = &msg[..MAX_ERROR_MESSAGE];
+    }
+    let head = ResponseHeader {
+        status: Err(kind),
+        req_id,
+        payload_len: msg.len() as u64,
+    }
+    .encode();
+    let mut out = Vec::with_capacity(head.len() + msg.len());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(msg);
+    stream.write_all(&out).await
+}

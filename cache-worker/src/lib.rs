@@ -1,0 +1,185 @@
+//! The Strata worker: holds blocks in DRAM and NVMe tiers over the UFS and serves byte ranges
+//! of them on its data plane. See `tier` for the storage contract and `blockstore` for the
+//! read path.
+
+pub mod blockstore;
+pub mod config;
+pub mod dataplane;
+mod master_link;
+pub mod metrics_defs;
+pub mod tier;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_ufs::UfsFactory;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+pub use blockstore::BlockStore;
+pub use config::WorkerConfig;
+use tier::{MemoryTier, NvmeTier, Tier, TierError};
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("NVMe tier at {dir}: {source}")]
+    Nvme { dir: String, source: TierError },
+    #[error("worker id file {path}: {source}")]
+    Identity {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid master address {addr:?}: {reason}")]
+    MasterAddr { addr: String, reason: String },
+}
+
+/// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].
+pub struct WorkerHandle {
+    pub worker_id: String,
+    pub data_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub store: Arc<BlockStore>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// Stops at once: open connections are dropped mid-request (what a crash looks like to
+    /// clients); queued NVMe writes are not waited for.
+    pub async fn kill(self) {
+        self.cancel.cancel();
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Finishes queued NVMe writes, then stops.
+    pub async fn shutdown(self) {
+        self.store.flush().await;
+        self.kill().await;
+    }
+}
+
+fn load_or_create_id(dir: &Path) -> Result<String, WorkerError> {
+    let path = dir.join("worker-id");
+    let io = |source| WorkerError::Identity {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let id = format!("worker-{}", uuid::Uuid::new_v4().simple());
+    std::fs::write(&path, &id).map_err(io)?;
+    Ok(id)
+}
+
+pub struct Worker;
+
+impl Worker {
+    pub async fn start(
+        config: WorkerConfig,
+        factory: Arc<dyn UfsFactory>,
+    ) -> Result<WorkerHandle, WorkerError> {
+        let worker_id = match &config.worker_id {
+            Some(id) => id.clone(),
+            None => load_or_create_id(&config.data_dir)?,
+        };
+        let nvme_dir = config.nvme_dir();
+        let nvme: Arc<dyn Tier> = Arc::new(
+            NvmeTier::open(&nvme_dir, config.nvme_capacity).map_err(|source| {
+                WorkerError::Nvme {
+                    dir: nvme_dir.display().to_string(),
+                    source,
+                }
+            })?,
+        );
+        let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
+        let store = Arc::new(BlockStore::new(
+            memory,
+            nvme,
+            factory,
+            Duration::from_millis(config.ufs_timeout_ms),
+            config.nvme_write_budget,
+        ));
+
+        let listener = TcpListener::bind(config.data_addr)
+            .await
+            .map_err(|source| WorkerError::Bind {
+                addr: config.data_addr,
+                source,
+            })?;
+        let data_addr = listener.local_addr().map_err(|source| WorkerError::Bind {
+            addr: config.data_addr,
+            source,
+        })?;
+        let host = match &config.advertise_host {
+            Some(h) => h.clone(),
+            None if data_addr.ip().is_unspecified() => "127.0.0.1".to_string(),
+            None => data_addr.ip().to_string(),
+        };
+        let cancel = CancellationToken::new();
+        let dp = tokio::spawn(dataplane::serve(listener, store.clone(), cancel.clone()));
+
+        let health_store = Arc::downgrade(&store);
+        let (http_addr, http_task) = strata_proto::ops_http::serve(
+            config.http_addr,
+            Arc::new(move || {
+                if health_store.upgrade().is_some() {
+                    Ok(())
+                } else {
+                    Err("stopped".into())
+                }
+            }),
+        )
+        .await
+        .map_err(|source| WorkerError::Bind {
+            addr: config.http_addr,
+            source,
+        })?;
+
+        let client = master_link::connect(&config.master_addr)
+            .await
+            .map_err(|e| WorkerError::MasterAddr {
+                addr: config.master_addr.clone(),
+                reason: e.to_string(),
+            })?;
+        store.set_master(client.clone(), worker_id.clone());
+        let identity = master_link::Identity {
+            worker_id: worker_id.clone(),
+            data_addr: format!("{host}:{}", data_addr.port()),
+            http_addr: http_addr.to_string(),
+        };
+        let link = tokio::spawn(master_link::run(
+            client,
+            identity,
+            store.clone(),
+            cancel.clone(),
+        ));
+        info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %nvme_dir.display(), "worker started");
+        Ok(WorkerHandle {
+            worker_id,
+            data_addr,
+            http_addr,
+            store,
+            cancel,
+            tasks: vec![dp, http_task, link],
+        })
+    }
+}

@@ -1,0 +1,24 @@
+//! Every metric the worker emits, declared once (listed in docs/METRICS.md).
+
+/// Counter, label `tier` (`memory`/`nvme`): block reads served from a tier.
+pub const CACHE_HITS: &str = "strata_worker_cache_hits_total";
+/// Counter: block reads that found the block in no tier.
+pub const CACHE_MISSES: &str = "strata_worker_cache_misses_total";
+/// Counter: range reads sent to the UFS (one per fetched block).
+pub const UFS_READS: &str = "strata_worker_ufs_reads_total";
+/// Counter, bytes: read from the UFS.
+pub const UFS_BYTES: &str = "strata_worker_ufs_bytes_total";
+/// Counter, label `kind`: UFS fetches that failed.
+pub const UFS_ERRORS: &str = "strata_worker_ufs_errors_total";
+/// Counter, bytes: payload bytes sent to clients.
+pub const BYTES_SERVED: &str = "strata_worker_bytes_served_total";
+/// Counter, label `tier`: blocks that failed validation (checksum, header) and were dropped.
+pub const CORRUPT_BLOCKS: &str = "strata_worker_corrupt_blocks_total";
+/// Counter, label `kind`: requests answered with an error frame.
+pub const REQUEST_ERRORS: &str = "strata_worker_request_errors_total";
+/// Histogram, seconds: time to serve one block read, label `source`.
+pub const READ_SECONDS: &str = "strata_worker_read_seconds";
+/// Gauge, bytes, label `tier`: bytes held.
+pub const TIER_USED_BYTES: &str = "strata_worker_tier_used_bytes";
+/// Counter: heartbeats that failed to reach the master.
+pub const HEARTBEAT_FAILURES: &str = "strata_worker_heartbeat_failures_total";

@@ -1,0 +1,91 @@
+//! Block tiers: DRAM and NVMe, each bounded in bytes with LRU eviction.
+//!
+//! The contract every tier keeps:
+//! - `get` never returns bytes that differ from what `put` stored under that key: the NVMe tier
+//!   checks a header (key, length) and a CRC32C of the data on every read; a mismatch deletes
+//!   the block, counts it in `corrupt_blocks`, and is reported as a miss (`Ok(None)`).
+//! - a block that `put` returned `Ok` for is in the tier (on disk for NVMe) until it is evicted,
+//!   and every insertion and eviction is visible through [`Tier::drain_events`], which the
+//!   worker turns into block reports for the master.
+//! - the NVMe tier survives a restart: [`NvmeTier::open`] rebuilds its index from the block
+//!   files' headers, discarding temporary and malformed files.
+
+mod memory;
+mod nvme;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use strata_common::BlockKey;
+use thiserror::Error;
+
+pub use memory::MemoryTier;
+pub use nvme::NvmeTier;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TierError {
+    #[error("tier I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("block of {size} bytes does not fit a tier of {capacity} bytes")]
+    TooLarge { size: u64, capacity: u64 },
+}
+
+impl TierError {
+    /// Tier errors never fail a read: the block is fetched from below instead.
+    pub fn is_temporary(&self) -> bool {
+        true
+    }
+}
+
+pub type Result<T> = std::result::Result<T, TierError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TierKind {
+    Memory,
+    Nvme,
+}
+
+impl TierKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            TierKind::Memory => "memory",
+            TierKind::Nvme => "nvme",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierUsage {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub blocks: u64,
+}
+
+/// A change of a tier's contents, for the master's block map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TierEvent {
+    Added { key: BlockKey, size: u64 },
+    Removed { key: BlockKey },
+}
+
+#[async_trait]
+pub trait Tier: Send + Sync + 'static {
+    fn kind(&self) -> TierKind;
+    /// The block's bytes, or `None` on a miss (including a corrupt block, which is dropped).
+    async fn get(&self, key: &BlockKey) -> Result<Option<Bytes>>;
+    /// Stores a block, evicting least-recently-used blocks to make room. A block larger than
+    /// the capacity is refused with `TooLarge`; a capacity of 0 disables the tier (every `put`
+    /// is refused that way, every `get` misses).
+    async fn put(&self, key: &BlockKey, data: Bytes) -> Result<()>;
+    async fn remove(&self, key: &BlockKey) -> Result<()>;
+    fn contains(&self, key: &BlockKey) -> bool;
+    fn usage(&self) -> TierUsage;
+    /// Every block held now, with its size (for a full block report).
+    fn keys(&self) -> Vec<(BlockKey, u64)>;
+    /// Events since the previous call, oldest first.
+    fn drain_events(&self) -> Vec<TierEvent>;
+    /// Corrupt blocks detected (and dropped) since start.
+    fn corrupt_blocks(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,413 @@
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use strata_client::{Client, ClientConfig, FileInfo};
+use strata_master::mounts::parse_size;
+use strata_master::{Master, MasterConfig};
+use strata_ufs::OpendalFactory;
+use strata_worker::{Worker, WorkerConfig};
+use tokio::io::AsyncWriteExt;
+
+use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, WorkerArgs};
+
+pub async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Standalone(args) => standalone(&cli.master, args).await,
+        Command::Master(args) => master(args).await,
+        Command::Worker(args) => worker(&cli.master, args).await,
+        Command::Mount(cmd) => mount(&cli.master, cmd).await,
+        Command::Ls { path, json } => ls(&cli.master, &path, json).await,
+        Command::Stat { path, sync, json } => stat(&cli.master, &path, sync, json).await,
+        Command::Cat { path } => cat(&cli.master, &path).await,
+        Command::Cp { path, dest } => cp(&cli.master, &path, &dest).await,
+        Command::Status { json } => status(&cli.master, json).await,
+    }
+}
+
+fn load_toml<T: serde::de::DeserializeOwned + Default>(path: Option<&Path>) -> Result<T> {
+    match path {
+        None => Ok(T::default()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing config {}", p.display()))
+        }
+    }
+}
+
+fn size(flag: &str, value: &str) -> Result<u64> {
+    parse_size(value)
+        .with_context(|| format!("--{flag} {value:?}: expected a size such as 512MiB or 10GiB"))
+}
+
+async fn connect(master: &str) -> Result<Client> {
+    Client::connect(ClientConfig::new(master)).await.map_err(|e| anyhow::anyhow!(e)).with_context(|| {
+        format!("is a master running at {master}? (start one with `strata standalone`, or set --master / STRATA_MASTER)")
+    })
+}
+
+async fn wait_for_ctrl_c() -> Result<()> {
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    eprintln!("strata: shutting down");
+    Ok(())
+}
+
+async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
+    let rpc_addr = match args.rpc_addr {
+        Some(a) => a,
+        None => master_addr
+            .parse()
+            .with_context(|| format!("--master {master_addr:?} is not an ip:port to listen on"))?,
+    };
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let dir = args.dir.canonicalize()?;
+    let factory = Arc::new(OpendalFactory);
+    let master_cfg = MasterConfig {
+        rpc_addr,
+        http_addr: (rpc_addr.ip(), 0).into(),
+        data_dir: dir.join("master"),
+        ..MasterConfig::default()
+    };
+    let master = Master::start(master_cfg, factory.clone())
+        .await
+        .with_context(|| {
+            format!("starting the master on {rpc_addr} (is another strata already running?)")
+        })?;
+    let worker_cfg = WorkerConfig {
+        master_addr: master.rpc_addr.to_string(),
+        data_addr: (rpc_addr.ip(), 0).into(),
+        http_addr: (rpc_addr.ip(), 0).into(),
+        data_dir: dir.join("worker"),
+        memory_capacity: size("memory", &args.memory)?,
+        nvme_capacity: size("nvme", &args.nvme)?,
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::start(worker_cfg, factory)
+        .await
+        .context("starting the worker")?;
+
+    let client = connect(&master.rpc_addr.to_string()).await?;
+    let mounts = if args.mounts.is_empty() {
+        vec![format!(
+            "/local=file://{}",
+            std::env::current_dir()?.display()
+        )]
+    } else {
+        args.mounts
+    };
+    let existing = client.mounts().await?;
+    for spec in mounts {
+        let (path, uri) = spec
+            .split_once('=')
+            .with_context(|| format!("--mount {spec:?}: expected /PATH=URI"))?;
+        match existing.iter().find(|m| m.path == path) {
+            Some(m) if m.uri == uri => {}
+            Some(m) => eprintln!(
+                "strata: {path} stays mounted at {} (from an earlier run); `strata mount rm {path}` to change it",
+                m.uri
+            ),
+            None => {
+                client
+                    .add_mount(path, uri, HashMap::new())
+                    .await
+                    .with_context(|| format!("mounting {uri} at {path}"))?;
+            }
+        }
+    }
+    let mounts = client.mounts().await?;
+    println!("strata standalone is running");
+    println!(
+        "  master   {}  (metrics and health: http://{}/metrics)",
+        master.rpc_addr, master.http_addr
+    );
+    println!(
+        "  worker   {}  data plane {}  (http://{}/metrics)",
+        worker.worker_id, worker.data_addr, worker.http_addr
+    );
+    println!("  state    {}", dir.display());
+    for m in &mounts {
+        println!("  mount    {} -> {}", m.path, m.uri);
+    }
+    if let Some(m) = mounts.first() {
+        println!(
+            "try:  strata ls {}    strata cat {}/<file>    strata status",
+            m.path, m.path
+        );
+    }
+    wait_for_ctrl_c().await?;
+    worker.shutdown().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+async fn master(args: MasterArgs) -> Result<()> {
+    let mut cfg: MasterConfig = load_toml(args.config.as_deref())?;
+    if let Some(a) = args.rpc_addr {
+        cfg.rpc_addr = a;
+    }
+    if let Some(a) = args.http_addr {
+        cfg.http_addr = a;
+    }
+    if let Some(d) = args.data_dir {
+        cfg.data_dir = d;
+    }
+    let handle = Master::start(cfg, Arc::new(OpendalFactory)).await?;
+    println!(
+        "master listening on {} (http {})",
+        handle.rpc_addr, handle.http_addr
+    );
+    wait_for_ctrl_c().await?;
+    handle.shutdown().await;
+    Ok(())
+}
+
+async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
+    let mut cfg: WorkerConfig = load_toml(args.config.as_deref())?;
+    if args.config.is_none() || std::env::var_os("STRATA_MASTER").is_some() {
+        cfg.master_addr = master_addr.to_string();
+    }
+    if let Some(a) = args.data_addr {
+        cfg.data_addr = a;
+    }
+    if let Some(a) = args.http_addr {
+        cfg.http_addr = a;
+    }
+    if let Some(h) = args.advertise_host {
+        cfg.advertise_host = Some(h);
+    }
+    if let Some(d) = args.data_dir {
+        cfg.data_dir = d;
+    }
+    if let Some(m) = args.memory {
+        cfg.memory_capacity = size("memory", &m)?;
+    }
+    if let Some(d) = args.nvme_dir {
+        cfg.nvme_dir = Some(d);
+    }
+    if let Some(n) = args.nvme {
+        cfg.nvme_capacity = size("nvme", &n)?;
+    }
+    let handle = Worker::start(cfg, Arc::new(OpendalFactory)).await?;
+    println!(
+        "worker {} serving data on {} (http {})",
+        handle.worker_id, handle.data_addr, handle.http_addr
+    );
+    wait_for_ctrl_c().await?;
+    handle.shutdown().await;
+    Ok(())
+}
+
+async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
+    let client = connect(master).await?;
+    match cmd {
+        MountCommand::Add { path, uri, options } => {
+            let mut opts = HashMap::new();
+            for o in options {
+                let (k, v) = o
+                    .split_once('=')
+                    .with_context(|| format!("--option {o:?}: expected KEY=VALUE"))?;
+                opts.insert(k.to_string(), v.to_string());
+            }
+            let m = client.add_mount(&path, &uri, opts).await?;
+            println!(
+                "mounted {} -> {} (block size {}, metadata ttl {} ms)",
+                m.path, m.uri, m.block_size, m.metadata_ttl_ms
+            );
+        }
+        MountCommand::Rm { path } => {
+            client.remove_mount(&path).await?;
+            println!("unmounted {path}");
+        }
+        MountCommand::Ls { json } => {
+            let mounts = client.mounts().await?;
+            if json {
+                let v: Vec<_> = mounts
+                    .iter()
+                    .map(|m| json!({"path": m.path, "uri": m.uri, "options": m.options, "block_size": m.block_size, "metadata_ttl_ms": m.metadata_ttl_ms}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for m in mounts {
+                    let mut opts: Vec<_> =
+                        m.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    opts.sort();
+                    println!("{}\t{}\t{}", m.path, m.uri, opts.join(","));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn info_json(f: &FileInfo) -> serde_json::Value {
+    json!({"path": f.path, "is_dir": f.is_dir, "size": f.size, "version": f.version, "mtime_ms": f.mtime_ms, "block_size": f.block_size})
+}
+
+async fn ls(master: &str, path: &str, as_json: bool) -> Result<()> {
+    let client = connect(master).await?;
+    let entries = client.list(path).await?;
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&entries.iter().map(info_json).collect::<Vec<_>>())?
+        );
+    } else {
+        for e in entries {
+            let name = e.path.rsplit('/').next().unwrap_or(&e.path);
+            if e.is_dir {
+                println!("{:>14}  {name}/", "-");
+            } else {
+                println!("{:>14}  {name}", e.size);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn stat(master: &str, path: &str, sync: bool, as_json: bool) -> Result<()> {
+    let client = connect(master).await?;
+    let f = client.stat_with(path, sync).await?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&info_json(&f))?);
+    } else {
+        println!("path:       {}", f.path);
+        println!(
+            "type:       {}",
+            if f.is_dir { "directory" } else { "file" }
+        );
+        if !f.is_dir {
+            println!("size:       {}", f.size);
+            println!("version:    {}", f.version);
+            println!("block size: {}", f.block_size);
+        }
+        println!("mtime (ms): {}", f.mtime_ms);
+    }
+    Ok(())
+}
+
+async fn cat(master: &str, path: &str) -> Result<()> {
+    let client = connect(master).await?;
+    let mut reader = client.open(path).await?;
+    let mut stdout = tokio::io::stdout();
+    tokio::io::copy(&mut reader, &mut stdout)
+        .await
+        .with_context(|| format!("reading {path}"))?;
+    stdout.flush().await?;
+    Ok(())
+}
+
+async fn cp(master: &str, path: &str, dest: &Path) -> Result<()> {
+    let client = connect(master).await?;
+    let mut reader = client.open(path).await?;
+    let dest = if dest.is_dir() {
+        dest.join(
+            path.rsplit('/')
+                .next()
+                .filter(|n| !n.is_empty())
+                .context("source has no file name")?,
+        )
+    } else {
+        dest.to_path_buf()
+    };
+    // Written beside the destination and renamed, so a failed copy never leaves a torn file.
+    let tmp = dest.with_extension("strata-partial");
+    let mut file = tokio::fs::File::create(&tmp)
+        .await
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let copied = tokio::io::copy(&mut reader, &mut file).await;
+    let n = match copied {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            bail!("reading {path}: {e}");
+        }
+    };
+    file.sync_all().await?;
+    tokio::fs::rename(&tmp, &dest).await?;
+    eprintln!("copied {n} bytes to {}", dest.display());
+    Ok(())
+}
+
+async fn status(master: &str, as_json: bool) -> Result<()> {
+    let client = connect(master).await?;
+    let s = client.status().await?;
+    let totals = s.totals.unwrap_or_default();
+    let counters = |c: &strata_proto::WorkerCounters| {
+        json!({"cache_hits": c.cache_hits, "cache_misses": c.cache_misses, "ufs_reads": c.ufs_reads,
+               "ufs_bytes_read": c.ufs_bytes_read, "bytes_served": c.bytes_served, "corrupt_blocks": c.corrupt_blocks})
+    };
+    let tier_name = |t: i32| match t {
+        1 => "memory",
+        2 => "nvme",
+        _ => "unspecified",
+    };
+    if as_json {
+        let workers: Vec<_> = s
+            .workers
+            .iter()
+            .map(|w| {
+                let tiers: Vec<_> = w
+                    .tiers
+                    .iter()
+                    .map(|t| json!({"tier": tier_name(t.tier), "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "blocks": t.blocks}))
+                    .collect();
+                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "live": w.live,
+                    "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers});
+                v.as_object_mut().expect("object").extend(
+                    counters(&w.counters.unwrap_or_default()).as_object().expect("object").clone(),
+                );
+                v
+            })
+            .collect();
+        let mut total = counters(&totals);
+        total
+            .as_object_mut()
+            .expect("object")
+            .insert("blocks".into(), s.blocks.into());
+        let out = json!({"membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total});
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "membership epoch {}  mounts {}  blocks {}",
+        s.membership_epoch, s.mounts, s.blocks
+    );
+    println!(
+        "cache hits {}  misses {}  ufs reads {}  ufs bytes {}  served bytes {}",
+        totals.cache_hits,
+        totals.cache_misses,
+        totals.ufs_reads,
+        totals.ufs_bytes_read,
+        totals.bytes_served
+    );
+    for w in &s.workers {
+        let c = w.counters.unwrap_or_default();
+        println!(
+            "worker {} {} {} (heartbeat {} ms ago) blocks {} hits {} misses {} ufs bytes {}",
+            w.id,
+            w.data_addr,
+            if w.live { "live" } else { "LOST" },
+            w.last_heartbeat_ms_ago,
+            w.blocks,
+            c.cache_hits,
+            c.cache_misses,
+            c.ufs_bytes_read
+        );
+        for t in &w.tiers {
+            println!(
+                "    {:<7} {} / {} bytes, {} blocks",
+                tier_name(t.tier),
+                t.used_bytes,
+                t.capacity_bytes,
+                t.blocks
+            );
+        }
+    }
+    Ok(())
+}

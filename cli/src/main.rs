@@ -1,0 +1,186 @@
+//! `strata`: the command line of Strata. Thin: argument parsing, config loading, and output
+//! formatting over the master, worker and client crates.
+
+mod commands;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Strata: a distributed cache in front of the storage you already have (S3, HDFS, a local
+/// directory) that feeds training and inference at DRAM/NVMe speed.
+#[derive(Parser)]
+#[command(name = "strata", version, about, long_about = None)]
+struct Cli {
+    /// The master's gRPC address (host:port).
+    #[arg(
+        long,
+        global = true,
+        env = "STRATA_MASTER",
+        default_value = "127.0.0.1:19998"
+    )]
+    master: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a master and one worker in this process on embedded defaults (data under --dir),
+    /// with a local directory mounted so you can read through the cache at once.
+    Standalone(StandaloneArgs),
+    /// Run a master.
+    Master(MasterArgs),
+    /// Run a worker.
+    Worker(WorkerArgs),
+    /// Add, remove or list mounts (Strata path → UFS URI).
+    #[command(subcommand)]
+    Mount(MountCommand),
+    /// List a directory.
+    Ls {
+        path: String,
+        /// Print JSON (one array of entries).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a file's or directory's metadata.
+    Stat {
+        path: String,
+        /// Ask the UFS now instead of trusting cached metadata.
+        #[arg(long)]
+        sync: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a file's bytes to standard output.
+    Cat { path: String },
+    /// Copy a file out of Strata into a local file.
+    Cp {
+        path: String,
+        /// Local destination file.
+        dest: PathBuf,
+    },
+    /// Show workers, tiers, blocks and cache hit/miss counters.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct StandaloneArgs {
+    /// Directory for all state (master store, worker id, NVMe tier).
+    #[arg(long, env = "STRATA_DIR", default_value = ".strata")]
+    dir: PathBuf,
+    /// Mounts to create at start, as /PATH=URI (repeatable). Default: /local=file://<current dir>.
+    #[arg(long = "mount", value_name = "/PATH=URI")]
+    mounts: Vec<String>,
+    /// Master gRPC listen address (defaults to --master).
+    #[arg(long)]
+    rpc_addr: Option<std::net::SocketAddr>,
+    /// DRAM tier size, e.g. 512MiB.
+    #[arg(long, default_value = "512MiB")]
+    memory: String,
+    /// NVMe tier size, e.g. 10GiB.
+    #[arg(long, default_value = "10GiB")]
+    nvme: String,
+}
+
+#[derive(Args)]
+struct MasterArgs {
+    /// TOML config file (see docs/CONFIGURATION.md); flags override it.
+    #[arg(long, env = "STRATA_MASTER_CONFIG")]
+    config: Option<PathBuf>,
+    /// gRPC listen address.
+    #[arg(long, env = "STRATA_MASTER_RPC_ADDR")]
+    rpc_addr: Option<std::net::SocketAddr>,
+    /// /metrics and /health listen address.
+    #[arg(long, env = "STRATA_MASTER_HTTP_ADDR")]
+    http_addr: Option<std::net::SocketAddr>,
+    /// Directory of the durable store.
+    #[arg(long, env = "STRATA_MASTER_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    /// TOML config file (see docs/CONFIGURATION.md); flags override it.
+    #[arg(long, env = "STRATA_WORKER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data-plane listen address.
+    #[arg(long, env = "STRATA_WORKER_DATA_ADDR")]
+    data_addr: Option<std::net::SocketAddr>,
+    /// /metrics and /health listen address.
+    #[arg(long, env = "STRATA_WORKER_HTTP_ADDR")]
+    http_addr: Option<std::net::SocketAddr>,
+    /// Host clients use to reach this worker.
+    #[arg(long, env = "STRATA_WORKER_ADVERTISE_HOST")]
+    advertise_host: Option<String>,
+    /// Directory for the worker id and (by default) the NVMe tier.
+    #[arg(long, env = "STRATA_WORKER_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// DRAM tier size, e.g. 4GiB.
+    #[arg(long, env = "STRATA_WORKER_MEMORY")]
+    memory: Option<String>,
+    /// NVMe tier directory.
+    #[arg(long, env = "STRATA_WORKER_NVME_DIR")]
+    nvme_dir: Option<PathBuf>,
+    /// NVMe tier size, e.g. 100GiB.
+    #[arg(long, env = "STRATA_WORKER_NVME")]
+    nvme: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum MountCommand {
+    /// Mount a UFS URI (file:///dir, s3://bucket/prefix) at a Strata path.
+    Add {
+        /// Absolute Strata path, e.g. /data.
+        path: String,
+        /// UFS URI, e.g. file:///mnt/datasets or s3://bucket/prefix.
+        uri: String,
+        /// Mount option KEY=VALUE (repeatable): block_size=4MiB, metadata_ttl=10s, and the UFS's
+        /// own options (endpoint, region, access_key_id, ...).
+        #[arg(long = "option", short = 'o', value_name = "KEY=VALUE")]
+        options: Vec<String>,
+    },
+    /// Remove a mount (cached blocks age out; the UFS is untouched).
+    Rm { path: String },
+    /// List mounts (secret options are shown as ***).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let serving = matches!(
+        cli.command,
+        Command::Standalone(_) | Command::Master(_) | Command::Worker(_)
+    );
+    let default_filter = if serving { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("strata: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

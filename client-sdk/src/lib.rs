@@ -1,0 +1,514 @@
+//! The Strata client SDK: what every front end (CLI, Python, benchmarks) reads through.
+//!
+//! A read resolves the path's version and size through the master (cached for the mount's
+//! metadata TTL), maps the byte range to blocks, and asks each block's owner — computed on
+//! the placement ring from the membership the master publishes, never asked per block — over
+//! the data plane. A worker that is down or fails is skipped for the next one on the ring (any
+//! worker can fetch any block from the UFS); the caller only sees an error when no live worker
+//! could serve. All blocks of one read come from one version of the file: a version change
+//! mid-read is detected by the workers and the read is retried whole on the new version.
+
+mod error;
+mod reader;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use strata_common::frame::{ReadBlockRequest, Source};
+use strata_common::ring::DEFAULT_VNODES;
+use strata_common::{BlockKey, BlockSlice, Member, Ring, block_slices, path};
+use strata_proto::master_client::MasterClient;
+use strata_proto::{
+    AddMountRequest, ClusterStatus, Empty, ListRequest, MountInfo, RemoveMountRequest, StatRequest,
+};
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, warn};
+
+pub use error::{ClientError, Result};
+pub use reader::StrataReader;
+pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError};
+
+/// Counter: block reads that a worker could not serve and the next worker on the ring did.
+pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The master's `host:port`.
+    pub master_addr: String,
+    /// How long a fetched membership and mount table are used before asking again.
+    pub membership_refresh: Duration,
+    /// Blocks fetched ahead of a sequential streaming reader.
+    pub readahead_blocks: usize,
+    /// Blocks of one `read_range` fetched concurrently.
+    pub parallelism: usize,
+    pub connect_timeout: Duration,
+    /// Deadline of one block request to one worker.
+    pub request_timeout: Duration,
+    /// Largest `read_range` answered in one buffer; larger reads should stream.
+    pub max_read_len: u64,
+}
+
+impl ClientConfig {
+    pub fn new(master_addr: impl Into<String>) -> Self {
+        Self {
+            master_addr: master_addr.into(),
+            membership_refresh: Duration::from_secs(2),
+            readahead_blocks: 4,
+            parallelism: 16,
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(60),
+            max_read_len: 4 << 30,
+        }
+    }
+}
+
+/// What `stat` and `list` return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileInfo {
+    pub path: String,
+    pub is_dir: bool,
+    pub size: u64,
+    pub version: String,
+    pub mtime_ms: i64,
+    pub block_size: u64,
+    /// The UFS identity blocks are keyed by.
+    pub file_id: String,
+}
+
+impl From<strata_proto::FileStatus> for FileInfo {
+    fn from(s: strata_proto::FileStatus) -> Self {
+        Self {
+            path: s.path,
+            is_dir: s.is_dir,
+            size: s.size,
+            version: s.version,
+            mtime_ms: s.mtime_ms,
+            block_size: s.block_size,
+            file_id: s.file_id,
+        }
+    }
+}
+
+struct View {
+    ring: Ring,
+    mounts: Vec<MountInfo>,
+    fetched: Instant,
+}
+
+struct Inner {
+    config: ClientConfig,
+    master: MasterClient<Channel>,
+    transport: Arc<dyn Transport>,
+    view: RwLock<View>,
+    stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
+}
+
+/// A cheap-to-clone handle; clones share connections and caches.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl Client {
+    /// Connects to the master (failing fast if it is unreachable) with the TCP transport.
+    pub async fn connect(config: ClientConfig) -> Result<Self> {
+        let transport = Arc::new(TcpTransport::new(
+            config.connect_timeout,
+            config.request_timeout,
+        ));
+        Self::connect_with_transport(config, transport).await
+    }
+
+    pub async fn connect_with_transport(
+        config: ClientConfig,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Self> {
+        let unavailable = |e: &dyn std::fmt::Display| {
+            ClientError::MasterUnavailable(format!(
+                "cannot reach the master at {}: {e}",
+                config.master_addr
+            ))
+        };
+        let endpoint = Endpoint::from_shared(format!("http://{}", config.master_addr))
+            .map_err(|e| {
+                ClientError::InvalidArgument(format!(
+                    "master address {:?}: {e}",
+                    config.master_addr
+                ))
+            })?
+            .connect_timeout(config.connect_timeout)
+            .timeout(Duration::from_secs(30));
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| unavailable(&error_chain(&e)))?;
+        let client = Self {
+            inner: Arc::new(Inner {
+                master: MasterClient::new(channel),
+                transport,
+                view: RwLock::new(View {
+                    ring: Ring::default(),
+                    mounts: Vec::new(),
+                    fetched: Instant::now(),
+                }),
+                stats: Mutex::new(HashMap::new()),
+                config,
+            }),
+        };
+        client.refresh_view().await?;
+        Ok(client)
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    fn master(&self) -> MasterClient<Channel> {
+        self.inner.master.clone()
+    }
+
+    fn status_err(&self, status: tonic::Status) -> ClientError {
+        ClientError::from_status(status, &self.inner.config.master_addr)
+    }
+
+    /// Fetches membership and mounts from the master now.
+    pub async fn refresh_view(&self) -> Result<()> {
+        let mut master = self.master();
+        let membership = master
+            .get_membership(Empty {})
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner();
+        let mounts = master
+            .list_mounts(Empty {})
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner();
+        let members = membership
+            .workers
+            .into_iter()
+            .map(|w| Member {
+                id: w.id,
+                data_addr: w.data_addr,
+            })
+            .collect();
+        let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
+        debug!(
+            epoch = ring.epoch(),
+            workers = ring.members().len(),
+            "membership refreshed"
+        );
+        *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) = View {
+            ring,
+            mounts: mounts.mounts,
+            fetched: Instant::now(),
+        };
+        Ok(())
+    }
+
+    async fn fresh_view(&self) -> Result<()> {
+        let stale = self
+            .inner
+            .view
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .fetched
+            .elapsed()
+            > self.inner.config.membership_refresh;
+        if stale {
+            if let Err(e) = self.refresh_view().await {
+                // Cached reads go on while the master restarts: keep the last view.
+                warn!(err = %e, "cannot refresh membership; using the last one");
+            }
+        }
+        Ok(())
+    }
+
+    /// The placement ring in use (after refreshing it if it is older than the refresh period).
+    pub async fn ring(&self) -> Result<Ring> {
+        self.fresh_view().await?;
+        Ok(self
+            .inner
+            .view
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ring
+            .clone())
+    }
+
+    fn ttl_for(&self, p: &str) -> Duration {
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        view.mounts
+            .iter()
+            .find(|m| path::strip_mount(&m.path, p).is_some())
+            .map_or(Duration::ZERO, |m| Duration::from_millis(m.metadata_ttl_ms))
+    }
+
+    /// Metadata of a file or directory. `sync` bypasses every cache and asks the UFS.
+    pub async fn stat_with(&self, raw: &str, sync: bool) -> Result<FileInfo> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        if !sync {
+            let ttl = self.ttl_for(&p);
+            if let Some((at, info)) = self
+                .inner
+                .stats
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&p)
+            {
+                if at.elapsed() < ttl {
+                    return Ok(info.clone());
+                }
+            }
+        }
+        let status = self
+            .master()
+            .stat(StatRequest {
+                path: p.clone(),
+                sync,
+            })
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner();
+        let info = FileInfo::from(status);
+        self.inner
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(p, (Instant::now(), info.clone()));
+        Ok(info)
+    }
+
+    pub async fn stat(&self, path: &str) -> Result<FileInfo> {
+        self.stat_with(path, false).await
+    }
+
+    /// Children of a directory (or the file itself).
+    pub async fn list(&self, raw: &str) -> Result<Vec<FileInfo>> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let resp = self
+            .master()
+            .list(ListRequest {
+                path: p,
+                sync: false,
+            })
+            .await
+            .map_err(|s| self.status_err(s))?;
+        Ok(resp
+            .into_inner()
+            .entries
+            .into_iter()
+            .map(FileInfo::from)
+            .collect())
+    }
+
+    /// `len` bytes from `offset` (fewer at the end of the file, none past it).
+    pub async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Bytes> {
+        let info = self.stat(path).await?;
+        match self.read_range_of(&info, offset, len).await {
+            Err(ClientError::Changed(_)) => {
+                // Our idea of the version was stale: learn the new one and read it whole.
+                let info = self.stat_with(path, true).await?;
+                self.read_range_of(&info, offset, len).await
+            }
+            other => other,
+        }
+    }
+
+    /// The whole file.
+    pub async fn read_all(&self, path: &str) -> Result<Bytes> {
+        self.read_range(path, 0, u64::MAX).await
+    }
+
+    /// Reads a range of one known version of a file.
+    pub async fn read_range_of(&self, info: &FileInfo, offset: u64, len: u64) -> Result<Bytes> {
+        if info.is_dir {
+            return Err(ClientError::IsDirectory(info.path.clone()));
+        }
+        let len = len.min(info.size.saturating_sub(offset));
+        if len > self.inner.config.max_read_len {
+            return Err(ClientError::InvalidArgument(format!(
+                "a read of {len} bytes exceeds the limit of {} bytes; use a streaming reader",
+                self.inner.config.max_read_len
+            )));
+        }
+        let slices = block_slices(info.size, info.block_size, offset, len);
+        if slices.len() == 1 {
+            return self.read_slice(info, slices[0]).await;
+        }
+        let mut out = BytesMut::with_capacity(len as usize);
+        let mut parts = futures::stream::iter(slices.into_iter().map(|s| self.read_slice(info, s)))
+            .buffered(self.inner.config.parallelism.max(1));
+        while let Some(part) = parts.try_next().await? {
+            out.extend_from_slice(&part);
+        }
+        Ok(out.freeze())
+    }
+
+    /// One block's part of a read, from its owner or, failing that, the next workers on the ring.
+    async fn read_slice(&self, info: &FileInfo, slice: BlockSlice) -> Result<Bytes> {
+        let req = ReadBlockRequest {
+            req_id: 0,
+            path: info.path.clone(),
+            version: info.version.clone(),
+            file_size: info.size,
+            block_size: info.block_size,
+            block_index: slice.index,
+            offset: slice.offset,
+            len: slice.len,
+        };
+        let hash =
+            BlockKey::new(info.file_id.clone(), info.version.clone(), slice.index).placement_hash();
+        let mut last_err: Option<TransportError> = None;
+        for round in 0..2 {
+            if round == 1 {
+                // Every worker we knew failed: the membership may have moved under us.
+                self.refresh_view().await.ok();
+            }
+            let ring = self.ring().await?;
+            if ring.is_empty() {
+                return Err(ClientError::Unavailable(
+                    "no live workers in the cluster".into(),
+                ));
+            }
+            for (attempt, owner) in ring
+                .owners(hash, ring.members().len())
+                .into_iter()
+                .enumerate()
+            {
+                match self
+                    .inner
+                    .transport
+                    .read_block(&owner.data_addr, &req)
+                    .await
+                {
+                    Ok((bytes, _source)) => {
+                        if attempt > 0 || round > 0 {
+                            metrics::counter!(METRIC_FAILOVERS).increment(1);
+                        }
+                        return Ok(bytes);
+                    }
+                    Err(e) if e.try_next_worker() => {
+                        warn!(worker = %owner.id, block = slice.index, path = %info.path, err = %e, "worker failed; trying the next");
+                        last_err = Some(e);
+                    }
+                    Err(TransportError::Remote { kind, message, .. }) => {
+                        return Err(ClientError::from_kind(kind, message));
+                    }
+                    Err(e) => return Err(ClientError::Unavailable(e.to_string())),
+                }
+            }
+        }
+        Err(ClientError::Unavailable(last_err.map_or_else(
+            || "no worker answered".into(),
+            |e| e.to_string(),
+        )))
+    }
+
+    /// A streaming reader of one version of the file, with sequential readahead.
+    pub async fn open(&self, path: &str) -> Result<StrataReader> {
+        let info = self.stat(path).await?;
+        if info.is_dir {
+            return Err(ClientError::IsDirectory(info.path));
+        }
+        Ok(StrataReader::new(self.clone(), info))
+    }
+
+    pub(crate) async fn read_block_of(&self, info: &FileInfo, index: u64) -> Result<Bytes> {
+        let len = strata_common::block::block_len(info.size, info.block_size, index);
+        self.read_slice(
+            info,
+            BlockSlice {
+                index,
+                offset: 0,
+                len,
+            },
+        )
+        .await
+    }
+
+    pub async fn mounts(&self) -> Result<Vec<MountInfo>> {
+        let resp = self
+            .master()
+            .list_mounts(Empty {})
+            .await
+            .map_err(|s| self.status_err(s))?;
+        Ok(resp.into_inner().mounts)
+    }
+
+    pub async fn add_mount(
+        &self,
+        path: &str,
+        uri: &str,
+        options: HashMap<String, String>,
+    ) -> Result<MountInfo> {
+        let req = AddMountRequest {
+            path: path.to_string(),
+            uri: uri.to_string(),
+            options,
+        };
+        let info = self
+            .master()
+            .add_mount(req)
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner();
+        self.refresh_view().await?;
+        Ok(info)
+    }
+
+    pub async fn remove_mount(&self, path: &str) -> Result<()> {
+        self.master()
+            .remove_mount(RemoveMountRequest {
+                path: path.to_string(),
+            })
+            .await
+            .map_err(|s| self.status_err(s))?;
+        self.inner
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.refresh_view().await
+    }
+
+    pub async fn status(&self) -> Result<ClusterStatus> {
+        Ok(self
+            .master()
+            .status(Empty {})
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner())
+    }
+
+    /// Which workers hold which blocks of a file (from the master's block map).
+    pub async fn block_locations(&self, path: &str) -> Result<strata_proto::BlockLocations> {
+        let req = strata_proto::BlockLocationsRequest {
+            path: path.to_string(),
+        };
+        Ok(self
+            .master()
+            .get_block_locations(req)
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner())
+    }
+}
+
+/// Where a block read was served from, re-exported for callers that measure it.
+pub type BlockSource = Source;
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}

@@ -1,0 +1,146 @@
+//! A streaming reader of one version of a file: `AsyncRead + AsyncSeek`, block-aligned
+//! fetches, and readahead once the reader is seen to be sequential.
+
+use std::collections::VecDeque;
+use std::io::{self, SeekFrom};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncSeek, ReadBuf};
+use tokio::task::JoinHandle;
+
+use crate::{Client, FileInfo, Result};
+
+pub struct StrataReader {
+    client: Client,
+    info: FileInfo,
+    pos: u64,
+    current: Option<(u64, Bytes)>,
+    /// Fetches in flight for consecutive blocks, the first one being the next needed.
+    pending: VecDeque<(u64, JoinHandle<Result<Bytes>>)>,
+    /// The block read before `current`, to tell sequential access from seeks.
+    last_index: Option<u64>,
+}
+
+impl StrataReader {
+    pub(crate) fn new(client: Client, info: FileInfo) -> Self {
+        Self {
+            client,
+            info,
+            pos: 0,
+            current: None,
+            pending: VecDeque::new(),
+            last_index: None,
+        }
+    }
+
+    /// The file (and version) this reader is pinned to.
+    pub fn info(&self) -> &FileInfo {
+        &self.info
+    }
+
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    fn spawn_fetch(&self, index: u64) -> JoinHandle<Result<Bytes>> {
+        let client = self.client.clone();
+        let info = self.info.clone();
+        tokio::spawn(async move { client.read_block_of(&info, index).await })
+    }
+
+    fn block_count(&self) -> u64 {
+        strata_common::block::block_count(self.info.size, self.info.block_size)
+    }
+
+    /// Makes sure `index` is being fetched, and, for a sequential reader, the blocks after it.
+    fn schedule(&mut self, index: u64) {
+        if self.pending.front().is_some_and(|(i, _)| *i != index) {
+            for (_, task) in self.pending.drain(..) {
+                task.abort();
+            }
+        }
+        let sequential = self.last_index.is_some_and(|last| last + 1 == index);
+        let window = if sequential {
+            1 + self.client.config().readahead_blocks as u64
+        } else {
+            1
+        };
+        let end = (index + window).min(self.block_count());
+        let mut next = self.pending.back().map_or(index, |(i, _)| i + 1);
+        while next < end {
+            let task = self.spawn_fetch(next);
+            self.pending.push_back((next, task));
+            next += 1;
+        }
+    }
+}
+
+impl Drop for StrataReader {
+    fn drop(&mut self) {
+        for (_, task) in self.pending.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl AsyncRead for StrataReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if this.pos >= this.info.size || buf.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let index = this.pos / this.info.block_size;
+            if let Some((cur, bytes)) = &this.current {
+                if *cur == index {
+                    let start = (this.pos - index * this.info.block_size) as usize;
+                    let n = (bytes.len() - start).min(buf.remaining());
+                    buf.put_slice(&bytes[start..start + n]);
+                    this.pos += n as u64;
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            this.schedule(index);
+            let (_, task) = this
+                .pending
+                .front_mut()
+                .expect("schedule queued the needed block");
+            let fetched = ready!(Pin::new(task).poll(cx));
+            this.pending.pop_front();
+            let bytes = match fetched {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(e)) => return Poll::Ready(Err(e.into())),
+                Err(join) => return Poll::Ready(Err(io::Error::other(join))),
+            };
+            this.last_index = this.current.as_ref().map(|(i, _)| *i);
+            this.current = Some((index, bytes));
+        }
+    }
+}
+
+impl AsyncSeek for StrataReader {
+    fn start_seek(mut self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
+        let target = match position {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.info.size.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = target.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start of the file",
+            )
+        })?;
+        Ok(())
+    }
+
+    fn poll_complete(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        Poll::Ready(Ok(self.pos))
+    }
+}

@@ -1,0 +1,239 @@
+//! The data-plane transport seam. [`TcpTransport`] speaks the framed protocol of
+//! `strata_common::frame` over pooled connections; [`FaultyTransport`] wraps any transport and
+//! fails on demand, for tests.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use strata_common::ErrorKind;
+use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, Source};
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connection to {addr} failed: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{addr} timed out")]
+    Timeout { addr: String },
+    #[error("{addr} sent a malformed response: {reason}")]
+    Protocol { addr: String, reason: String },
+    #[error("{addr} answered {kind}: {message}")]
+    Remote {
+        addr: String,
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+impl TransportError {
+    /// Whether another worker may succeed where this one failed.
+    pub fn try_next_worker(&self) -> bool {
+        match self {
+            TransportError::Remote { kind, .. } => kind.is_temporary(),
+            _ => true,
+        }
+    }
+}
+
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Reads `req.len` bytes of one block from the worker at `addr`.
+    async fn read_block(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<(Bytes, Source), TransportError>;
+}
+
+/// Framed TCP with a small pool of idle connections per worker.
+pub struct TcpTransport {
+    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_idle_per_worker: usize,
+    next_req_id: AtomicU64,
+}
+
+impl TcpTransport {
+    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+            request_timeout,
+            max_idle_per_worker: 64,
+            next_req_id: AtomicU64::new(1),
+        }
+    }
+
+    async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
+        if let Some(stream) = self
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(addr)
+            .and_then(Vec::pop)
+        {
+            return Ok(stream);
+        }
+        let connect = TcpStream::connect(addr);
+        let stream = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| TransportError::Timeout {
+                addr: addr.to_string(),
+            })?
+            .map_err(|source| TransportError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        stream
+            .set_nodelay(true)
+            .map_err(|source| TransportError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        Ok(stream)
+    }
+
+    fn checkin(&self, addr: &str, stream: TcpStream) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = idle.entry(addr.to_string()).or_default();
+        if pool.len() < self.max_idle_per_worker {
+            pool.push(stream);
+        }
+    }
+
+    async fn exchange(
+        &self,
+        stream: &mut TcpStream,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<(Bytes, Source), TransportError> {
+        let io = |source| TransportError::Io {
+            addr: addr.to_string(),
+            source,
+        };
+        stream.write_all(&req.encode()).await.map_err(io)?;
+        let mut head = [0u8; RESPONSE_HEADER_LEN];
+        stream.read_exact(&mut head).await.map_err(io)?;
+        let head = ResponseHeader::decode(&head).map_err(|e| TransportError::Protocol {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
+        let expected = match head.status {
+            Ok(_) => req.len,
+            Err(_) => head
+                .payload_len
+                .min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
+        };
+        if head.req_id != req.req_id || head.payload_len != expected {
+            return Err(TransportError::Protocol {
+                addr: addr.to_string(),
+                reason: format!(
+                    "response {}/{} bytes for request {}/{}",
+                    head.req_id, head.payload_len, req.req_id, req.len
+                ),
+            });
+        }
+        let mut buf = BytesMut::zeroed(head.payload_len as usize);
+        stream.read_exact(&mut buf).await.map_err(io)?;
+        match head.status {
+            Ok(source) => Ok((buf.freeze(), source)),
+            Err(kind) => Err(TransportError::Remote {
+                addr: addr.to_string(),
+                kind,
+                message: String::from_utf8_lossy(&buf).into_owned(),
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for TcpTransport {
+    async fn read_block(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<(Bytes, Source), TransportError> {
+        let mut req = req.clone();
+        req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
+        let mut stream = self.checkout(addr).await?;
+        let result =
+            tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, addr, &req))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(TransportError::Timeout {
+                        addr: addr.to_string(),
+                    })
+                });
+        // Only a connection that completed a whole exchange is known to be in sync.
+        if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
+            self.checkin(addr, stream);
+        }
+        result
+    }
+}
+
+/// Fails reads to chosen workers, for tests of failover.
+pub struct FaultyTransport {
+    inner: Arc<dyn Transport>,
+    /// Reads to these addresses fail as if the connection was refused.
+    pub down: Mutex<Vec<String>>,
+    /// The next N reads (to any address) fail.
+    pub fail_next: AtomicU64,
+}
+
+impl FaultyTransport {
+    pub fn new(inner: Arc<dyn Transport>) -> Self {
+        Self {
+            inner,
+            down: Mutex::new(Vec::new()),
+            fail_next: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for FaultyTransport {
+    async fn read_block(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<(Bytes, Source), TransportError> {
+        let refused = || TransportError::Connect {
+            addr: addr.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
+        };
+        if self
+            .down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| a == addr)
+        {
+            return Err(refused());
+        }
+        if self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(refused());
+        }
+        self.inner.read_block(addr, req).await
+    }
+}

@@ -1,0 +1,90 @@
+//! Error kinds that cross a process boundary (gRPC status, data-plane error frame).
+//!
+//! Each boundary has its own `thiserror` enum; they all reduce to one of these kinds on the
+//! wire, and whether a caller may retry is a property of the kind, not of a message string.
+
+/// What went wrong, as far as a remote caller needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[repr(u8)]
+pub enum ErrorKind {
+    /// The request could not be parsed (bad frame, bad field encoding).
+    BadFrame = 1,
+    /// The request is well-formed but asks for something invalid (bad path, zero length...).
+    InvalidArgument = 2,
+    /// The path does not exist in the UFS or in the mount table.
+    NotFound = 3,
+    /// The object changed in the UFS since the caller learnt its version: re-stat and retry.
+    VersionChanged = 4,
+    /// The UFS failed or timed out; a later attempt may succeed.
+    Ufs = 5,
+    /// A bug or an unexpected local failure.
+    Internal = 6,
+    /// The server is shutting down or overloaded; another server may answer.
+    Unavailable = 7,
+    /// A mount or other object already exists.
+    AlreadyExists = 8,
+    /// A path is a directory where a file is needed.
+    IsDirectory = 9,
+}
+
+impl ErrorKind {
+    /// Whether the same request may succeed if sent again (to this or another server).
+    pub fn is_temporary(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::Internal
+        )
+    }
+
+    pub fn from_u8(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => Self::BadFrame,
+            2 => Self::InvalidArgument,
+            3 => Self::NotFound,
+            4 => Self::VersionChanged,
+            5 => Self::Ufs,
+            6 => Self::Internal,
+            7 => Self::Unavailable,
+            8 => Self::AlreadyExists,
+            9 => Self::IsDirectory,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadFrame => "bad_frame",
+            Self::InvalidArgument => "invalid_argument",
+            Self::NotFound => "not_found",
+            Self::VersionChanged => "version_changed",
+            Self::Ufs => "ufs",
+            Self::Internal => "internal",
+            Self::Unavailable => "unavailable",
+            Self::AlreadyExists => "already_exists",
+            Self::IsDirectory => "is_directory",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for code in 0..=255u8 {
+            if let Some(kind) = ErrorKind::from_u8(code) {
+                assert_eq!(kind as u8, code);
+            }
+        }
+        assert_eq!(ErrorKind::from_u8(0), None);
+        assert_eq!(ErrorKind::from_u8(4), Some(ErrorKind::VersionChanged));
+    }
+}

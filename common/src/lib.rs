@@ -1,0 +1,22 @@
+//! Vocabulary shared by every Strata crate: paths, block keys and ranges, the placement ring,
+//! the data-plane frame format and the error kinds that cross process boundaries.
+//!
+//! This crate must stay free of tonic, opendal and foyer: it is what the client, the master and
+//! the worker agree on, and it is cheap to depend on.
+
+pub mod block;
+pub mod error;
+pub mod frame;
+pub mod path;
+pub mod ring;
+
+pub use block::{BlockKey, BlockSlice, block_slices};
+pub use error::ErrorKind;
+pub use ring::{Member, Ring};
+
+/// Default block size of a mount: 4 MiB.
+pub const DEFAULT_BLOCK_SIZE: u64 = 4 * 1024 * 1024;
+/// Largest block size a mount may choose; frames and buffers are sized against it.
+pub const MAX_BLOCK_SIZE: u64 = 256 * 1024 * 1024;
+/// Default metadata TTL of a mount, in milliseconds.
+pub const DEFAULT_METADATA_TTL_MS: u64 = 10_000;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, and every test (unit, property, in-process cluster,
+# CLI). Installs what it needs; safe to run on a fresh clone.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+log() { printf '\n== %s\n' "$*"; }
+
+if ! command -v cargo >/dev/null; then
+  echo "test.sh: cargo is required (https://rustup.rs)" >&2
+  exit 1
+fi
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast
+fi

@@ -1,0 +1,253 @@
+//! An in-process Strata cluster for tests: a master and N workers on 127.0.0.1 port 0, a UFS
+//! in a temporary directory (opendal's fs service) wrapped in a counting, fault-injecting
+//! layer, and helpers to kill and restart any part.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_client::{Client, ClientConfig};
+use strata_master::{Master, MasterConfig, MasterHandle};
+use strata_ufs::OpendalFactory;
+use strata_ufs::testing::{CountingFactory, UfsCounters, UfsFaults};
+use strata_worker::{Worker, WorkerConfig, WorkerHandle};
+use tempfile::TempDir;
+
+pub use strata_client;
+pub use strata_ufs;
+
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub workers: usize,
+    pub worker_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub memory_capacity: u64,
+    pub nvme_capacity: u64,
+    /// Options of the `/data` mount (block_size, metadata_ttl, ...).
+    pub mount_options: Vec<(String, String)>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            workers: 3,
+            worker_timeout_ms: 1_500,
+            heartbeat_interval_ms: 100,
+            memory_capacity: 256 << 20,
+            nvme_capacity: 1 << 30,
+            mount_options: vec![
+                ("block_size".into(), "1MiB".into()),
+                ("metadata_ttl".into(), "60s".into()),
+            ],
+        }
+    }
+}
+
+pub struct Cluster {
+    /// The UFS root mounted at `/data`.
+    pub ufs_dir: TempDir,
+    state_dir: TempDir,
+    pub factory: Arc<CountingFactory>,
+    master: Option<MasterHandle>,
+    master_config: MasterConfig,
+    workers: Vec<Option<WorkerHandle>>,
+    worker_configs: Vec<WorkerConfig>,
+}
+
+impl Cluster {
+    pub async fn start(opts: ClusterOptions) -> Self {
+        let ufs_dir = tempfile::tempdir().expect("tempdir");
+        let state_dir = tempfile::tempdir().expect("tempdir");
+        let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
+        let mut master_config = MasterConfig {
+            rpc_addr: "127.0.0.1:0".parse().expect("addr"),
+            http_addr: "127.0.0.1:0".parse().expect("addr"),
+            data_dir: state_dir.path().join("master"),
+            worker_timeout_ms: opts.worker_timeout_ms,
+            heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            ..MasterConfig::default()
+        };
+        let master = Master::start(master_config.clone(), factory.clone())
+            .await
+            .expect("master starts");
+        // Restarts come back on the same port, as a real master would.
+        master_config.rpc_addr = master.rpc_addr;
+        let worker_configs = (0..opts.workers)
+            .map(|i| WorkerConfig {
+                master_addr: master.rpc_addr.to_string(),
+                data_addr: "127.0.0.1:0".parse().expect("addr"),
+                http_addr: "127.0.0.1:0".parse().expect("addr"),
+                data_dir: state_dir.path().join(format!("worker-{i}")),
+                memory_capacity: opts.memory_capacity,
+                nvme_capacity: opts.nvme_capacity,
+                ..WorkerConfig::default()
+            })
+            .collect();
+        let mut cluster = Self {
+            ufs_dir,
+            state_dir,
+            factory,
+            master: Some(master),
+            master_config,
+            workers: Vec::new(),
+            worker_configs,
+        };
+        for i in 0..opts.workers {
+            let w = cluster.spawn_worker(i).await;
+            cluster.workers.push(Some(w));
+        }
+        cluster.wait_for_live_workers(opts.workers).await;
+        let client = cluster.client().await;
+        let options: HashMap<String, String> = opts.mount_options.into_iter().collect();
+        client
+            .add_mount("/data", &cluster.ufs_uri(), options)
+            .await
+            .expect("mount /data");
+        cluster
+    }
+
+    pub fn ufs_uri(&self) -> String {
+        format!("file://{}", self.ufs_dir.path().display())
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        self.state_dir.path()
+    }
+
+    async fn spawn_worker(&self, i: usize) -> WorkerHandle {
+        Worker::start(self.worker_configs[i].clone(), self.factory.clone())
+            .await
+            .expect("worker starts")
+    }
+
+    pub fn master_addr(&self) -> String {
+        self.master_config.rpc_addr.to_string()
+    }
+
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(self.master_addr());
+        c.membership_refresh = Duration::from_millis(200);
+        c.request_timeout = Duration::from_secs(20);
+        c
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.client_config())
+            .await
+            .expect("client connects")
+    }
+
+    /// Writes a file into the UFS (relative to the `/data` mount).
+    pub fn write_file(&self, rel: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.ufs_dir.path().join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::fs::write(&path, bytes).expect("write ufs file");
+        path
+    }
+
+    pub fn counters(&self) -> &UfsCounters {
+        &self.factory.counters
+    }
+
+    pub fn faults(&self) -> &UfsFaults {
+        &self.factory.faults
+    }
+
+    /// UFS range reads that returned data, across every process part.
+    pub fn ufs_reads(&self) -> u64 {
+        self.factory.counters.reads()
+    }
+
+    pub fn worker(&self, i: usize) -> &WorkerHandle {
+        self.workers[i].as_ref().expect("worker is running")
+    }
+
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn nvme_dir(&self, i: usize) -> PathBuf {
+        self.worker_configs[i].nvme_dir()
+    }
+
+    /// Waits until every running worker has written its queued NVMe blocks.
+    pub async fn flush(&self) {
+        for w in self.workers.iter().flatten() {
+            w.store.flush().await;
+        }
+    }
+
+    pub async fn kill_worker(&mut self, i: usize) {
+        if let Some(w) = self.workers[i].take() {
+            w.kill().await;
+        }
+    }
+
+    pub async fn restart_worker(&mut self, i: usize) {
+        if let Some(w) = self.workers[i].take() {
+            w.shutdown().await;
+        }
+        let w = self.spawn_worker(i).await;
+        self.workers[i] = Some(w);
+    }
+
+    pub async fn stop_master(&mut self) {
+        if let Some(m) = self.master.take() {
+            m.shutdown().await;
+        }
+    }
+
+    pub async fn start_master(&mut self) {
+        // The old listener's port can take a moment to be free again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Master::start(self.master_config.clone(), self.factory.clone()).await {
+                Ok(m) => {
+                    self.master = Some(m);
+                    return;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("master restart retry: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("master restart failed: {e}"),
+            }
+        }
+    }
+
+    /// Polls the master until exactly `n` workers are live.
+    pub async fn wait_for_live_workers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(client) = Client::connect(self.client_config()).await {
+                if let Ok(status) = client.status().await {
+                    if status.workers.iter().filter(|w| w.live).count() == n {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {n} live workers"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}

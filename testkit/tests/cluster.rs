@@ -1,0 +1,593 @@
+//! End-to-end tests over an in-process cluster (master + workers on 127.0.0.1:0, UFS = a temp
+//! directory through opendal's fs service).
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use strata_client::ClientError;
+use strata_testkit::{Cluster, ClusterOptions, pattern};
+
+const MIB: usize = 1 << 20;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn random_ranges_read_through_the_cluster_equal_the_source() {
+    let rt = rt();
+    let cluster = rt.block_on(Cluster::start(ClusterOptions::default()));
+    let sizes = [0usize, 1, MIB, MIB + 1, 50 * MIB];
+    let files: Vec<(String, Vec<u8>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let name = format!("sizes/f{i}.bin");
+            let data = pattern(size, i as u64 + 1);
+            cluster.write_file(&name, &data);
+            (format!("/data/{name}"), data)
+        })
+        .collect();
+    let client = rt.block_on(cluster.client());
+    // Whole files first, including the empty one.
+    for (path, data) in &files {
+        let got = rt.block_on(client.read_all(path)).unwrap();
+        assert_eq!(got.len(), data.len(), "{path}");
+        assert!(got[..] == data[..], "{path} differs");
+    }
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 200,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(0usize..files.len(), any::<u64>(), any::<u64>()),
+            |(f, a, b)| {
+                let (path, data) = &files[f];
+                let size = data.len() as u64;
+                // Offsets up to a block past the end, lengths up to 3 blocks.
+                let offset = a % (size + MIB as u64 + 1);
+                let len = b % (3 * MIB as u64 + 2);
+                let got = rt.block_on(client.read_range(path, offset, len)).unwrap();
+                let start = (offset as usize).min(data.len());
+                let end = (offset.saturating_add(len) as usize).min(data.len());
+                prop_assert_eq!(got.len(), end - start);
+                prop_assert!(
+                    got[..] == data[start..end],
+                    "{} [{}+{}] differs",
+                    path,
+                    offset,
+                    len
+                );
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn second_read_is_served_from_the_tiers() {
+    let cluster = Cluster::start(ClusterOptions::default()).await;
+    let data = pattern(10 * MIB + 123, 7);
+    cluster.write_file("warm.bin", &data);
+    let client = cluster.client().await;
+    assert_eq!(client.read_all("/data/warm.bin").await.unwrap(), data);
+    let after_first = cluster.ufs_reads();
+    assert_eq!(after_first, 11, "one UFS read per block");
+    for _ in 0..3 {
+        assert_eq!(client.read_all("/data/warm.bin").await.unwrap(), data);
+        assert_eq!(
+            client
+                .read_range("/data/warm.bin", 5 * MIB as u64 - 3, 7)
+                .await
+                .unwrap(),
+            data[5 * MIB - 3..5 * MIB + 4]
+        );
+    }
+    assert_eq!(
+        cluster.ufs_reads(),
+        after_first,
+        "warm reads must not touch the UFS"
+    );
+
+    // The master's status sums the workers' counters (reported by heartbeat).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let status = client.status().await.unwrap();
+    let totals = status.totals.unwrap();
+    assert_eq!(totals.cache_misses, 11);
+    assert_eq!(totals.ufs_bytes_read, data.len() as u64);
+    assert!(totals.cache_hits >= 33, "{totals:?}");
+    // The block map knows where the blocks are.
+    let locations = client.block_locations("/data/warm.bin").await.unwrap();
+    assert_eq!(locations.blocks.len(), 11);
+    assert!(locations.blocks.iter().all(|b| !b.replicas.is_empty()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_cold_readers_fetch_each_block_once() {
+    let cluster = Cluster::start(ClusterOptions::default()).await;
+    let data = pattern(20 * MIB + 5, 11);
+    cluster.write_file("hot.bin", &data);
+    // Slow UFS reads widen the window in which the 32 readers overlap.
+    cluster
+        .faults()
+        .read_delay_ms
+        .store(50, std::sync::atomic::Ordering::SeqCst);
+    let client = cluster.client().await;
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.read_all("/data/hot.bin").await })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap().unwrap() == data[..]);
+    }
+    assert_eq!(cluster.ufs_reads(), 21, "exactly one UFS fetch per block");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarted_workers_serve_their_nvme_blocks_without_the_ufs() {
+    let opts = ClusterOptions {
+        memory_capacity: 4 * MIB as u64,
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(opts).await;
+    let data = pattern(12 * MIB, 3);
+    cluster.write_file("persist.bin", &data);
+    let client = cluster.client().await;
+    assert_eq!(client.read_all("/data/persist.bin").await.unwrap(), data);
+    cluster.flush().await;
+    let before = cluster.ufs_reads();
+    let ids: Vec<String> = (0..3)
+        .map(|i| cluster.worker(i).worker_id.clone())
+        .collect();
+    for i in 0..3 {
+        cluster.restart_worker(i).await;
+        assert_eq!(
+            cluster.worker(i).worker_id,
+            ids[i],
+            "a restarted worker keeps its id"
+        );
+    }
+    cluster.wait_for_live_workers(3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // clients pick up the new ports
+    assert_eq!(client.read_all("/data/persist.bin").await.unwrap(), data);
+    assert_eq!(
+        cluster.ufs_reads(),
+        before,
+        "restarted workers served from NVMe"
+    );
+}
+
+fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "blk") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupted_nvme_block_is_detected_and_refetched() {
+    let opts = ClusterOptions {
+        workers: 1,
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(opts).await;
+    let data = pattern(MIB / 2, 5);
+    cluster.write_file("c.bin", &data);
+    let client = cluster.client().await;
+    assert_eq!(client.read_all("/data/c.bin").await.unwrap(), data);
+    cluster.flush().await;
+    let files = block_files(&cluster.nvme_dir(0));
+    assert_eq!(files.len(), 1, "one block on NVMe");
+    // Flip a byte near the end of the data, then restart so DRAM is empty.
+    let mut raw = std::fs::read(&files[0]).unwrap();
+    let n = raw.len();
+    raw[n - 10] ^= 0xff;
+    std::fs::write(&files[0], &raw).unwrap();
+    cluster.restart_worker(0).await;
+    cluster.wait_for_live_workers(1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = cluster.ufs_reads();
+    assert_eq!(
+        client.read_all("/data/c.bin").await.unwrap(),
+        data,
+        "corrupt bytes are never served"
+    );
+    assert_eq!(
+        cluster.ufs_reads(),
+        before + 1,
+        "the corrupt block was fetched again"
+    );
+    assert_eq!(cluster.worker(0).store.counters().corrupt_blocks, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
+    let mut cluster = Cluster::start(ClusterOptions::default()).await;
+    let data = std::sync::Arc::new(pattern(24 * MIB, 9));
+    cluster.write_file("big.bin", &data);
+    cluster
+        .faults()
+        .read_delay_ms
+        .store(30, std::sync::atomic::Ordering::SeqCst);
+    let client = cluster.client().await;
+    let readers: Vec<_> = (0..4)
+        .map(|i| {
+            let client = client.clone();
+            let data = data.clone();
+            tokio::spawn(async move {
+                for round in 0..6u64 {
+                    let off = (i * 3 + round) * 1_000_003 % (20 * MIB as u64);
+                    let got = client
+                        .read_range("/data/big.bin", off, 3 * MIB as u64)
+                        .await
+                        .unwrap();
+                    assert!(
+                        got[..] == data[off as usize..off as usize + 3 * MIB],
+                        "reader {i} round {round}"
+                    );
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let victim = cluster.worker(1).worker_id.clone();
+    cluster.kill_worker(1).await;
+    for r in readers {
+        r.await.expect("every read returned correct bytes");
+    }
+    // After the liveness timeout the master drops it and clients stop placing blocks on it.
+    cluster.wait_for_live_workers(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ring = client.ring().await.unwrap();
+    assert!(!ring.contains(&victim));
+    assert_eq!(ring.members().len(), 2);
+    let status = client.status().await.unwrap();
+    assert!(status.workers.iter().any(|w| w.id == victim && !w.live));
+    assert_eq!(
+        client.read_all("/data/big.bin").await.unwrap()[..],
+        data[..]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_master_keeps_mounts_and_reads_continue() {
+    let mut cluster = Cluster::start(ClusterOptions::default()).await;
+    let data = pattern(3 * MIB, 21);
+    cluster.write_file("m.bin", &data);
+    let client = cluster.client().await;
+    let same_blocks = [("block_size".to_string(), "1MiB".to_string())].into();
+    client
+        .add_mount("/second", &cluster.ufs_uri(), same_blocks)
+        .await
+        .unwrap();
+    assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
+
+    cluster.stop_master().await;
+    // Cached reads do not need the master: metadata and membership are cached in the client.
+    assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
+
+    cluster.start_master().await;
+    let mounts: Vec<String> = cluster
+        .client()
+        .await
+        .mounts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.path)
+        .collect();
+    assert_eq!(mounts, vec!["/data".to_string(), "/second".to_string()]);
+    cluster.wait_for_live_workers(3).await;
+    // Workers re-report their blocks after re-registering.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = client.status().await.unwrap();
+        if status.blocks >= 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "blocks were not re-reported"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = cluster.ufs_reads();
+    assert_eq!(client.read_all("/second/m.bin").await.unwrap(), data);
+    assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
+    assert_eq!(
+        cluster.ufs_reads(),
+        before,
+        "both mounts share the cached blocks of one UFS object"
+    );
+}
+
+fn set_mtime(path: &std::path::Path, secs_from_epoch: u64) {
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(secs_from_epoch))
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_changed_file_is_read_whole_in_its_new_version() {
+    let cluster = Cluster::start(ClusterOptions::default()).await;
+    let client = cluster.client().await;
+    client
+        .add_mount(
+            "/fresh",
+            &cluster.ufs_uri(),
+            [
+                ("metadata_ttl".to_string(), "300ms".to_string()),
+                ("block_size".to_string(), "1MiB".to_string()),
+            ]
+            .into(),
+        )
+        .await
+        .unwrap();
+    let v1 = pattern(2 * MIB, 1);
+    let v2 = pattern(2 * MIB, 2);
+    let path = cluster.write_file("v.bin", &v1);
+    set_mtime(&path, 1_000_000);
+    assert_eq!(client.read_all("/fresh/v.bin").await.unwrap(), v1);
+    // Only the first block of v2's predecessor gets cached by this partial read... then the
+    // object changes under the same size.
+    std::fs::write(&path, &v2).unwrap();
+    set_mtime(&path, 2_000_000);
+    // Within the TTL the old version may still be served, but only whole.
+    let within = client.read_all("/fresh/v.bin").await.unwrap();
+    assert!(
+        within[..] == v1[..] || within[..] == v2[..],
+        "a read mixed versions"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(client.read_all("/fresh/v.bin").await.unwrap(), v2);
+
+    // A block missing from the cache is fetched against the version the client holds: when
+    // the object changed, the worker refuses, and the client re-reads everything at the new
+    // version instead of stitching old and new blocks together.
+    let v3 = pattern(2 * MIB, 3);
+    let path = cluster.write_file("w.bin", &v1);
+    set_mtime(&path, 1_000_000);
+    assert_eq!(
+        client.read_range("/fresh/w.bin", 0, 10).await.unwrap(),
+        v1[..10]
+    );
+    std::fs::write(&path, &v3).unwrap();
+    set_mtime(&path, 3_000_000);
+    let got = client.read_all("/fresh/w.bin").await.unwrap();
+    assert!(got[..] == v3[..], "expected the whole new version");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_paths_and_lengths_get_clear_errors() {
+    let cluster = Cluster::start(ClusterOptions {
+        workers: 1,
+        ..ClusterOptions::default()
+    })
+    .await;
+    let data = pattern(1000, 4);
+    cluster.write_file("small.bin", &data);
+    let client = cluster.client().await;
+    for bad in [
+        "/data/../etc/passwd",
+        "data/small.bin",
+        "",
+        "/data/./small.bin",
+    ] {
+        let e = client.read_all(bad).await.unwrap_err();
+        assert!(matches!(e, ClientError::InvalidArgument(_)), "{bad:?}: {e}");
+    }
+    let e = client.read_all("/nomount/x").await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::NotFound(m) if m.contains("not under any mount")),
+        "{e}"
+    );
+    let e = client.read_all("/data/missing.bin").await.unwrap_err();
+    assert!(matches!(e, ClientError::NotFound(_)), "{e}");
+    let e = client.read_all("/data").await.unwrap_err();
+    assert!(matches!(e, ClientError::IsDirectory(_)), "{e}");
+    assert!(
+        client
+            .read_range("/data/small.bin", 10, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        client
+            .read_range("/data/small.bin", 990, u64::MAX)
+            .await
+            .unwrap(),
+        data[990..]
+    );
+    assert!(
+        client
+            .read_range("/data/small.bin", 5000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let mut small = cluster.client_config();
+    small.max_read_len = 100;
+    let limited = strata_client::Client::connect(small).await.unwrap();
+    let e = limited.read_all("/data/small.bin").await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::InvalidArgument(m) if m.contains("exceeds")),
+        "{e}"
+    );
+
+    // Mount table validation.
+    for (path, uri, what) in [
+        ("relative", "file:///tmp", "absolute"),
+        ("/a/../b", "file:///tmp", ".."),
+        ("/x", "ftp://host/dir", "unsupported"),
+        ("/data", "file:///tmp", "already mounted"),
+        ("/data/inner", "file:///tmp", "nest"),
+        (
+            "/y",
+            "file:///definitely/not/here",
+            "file:///definitely/not/here",
+        ),
+    ] {
+        let e = client
+            .add_mount(path, uri, Default::default())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(what), "{path} {uri}: {e}");
+    }
+    let e = client.remove_mount("/never").await.unwrap_err();
+    assert!(matches!(e, ClientError::NotFound(_)), "{e}");
+}
+
+mod raw_frames {
+    use super::*;
+    use strata_common::ErrorKind;
+    use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    async fn response(s: &mut TcpStream) -> (ResponseHeader, Vec<u8>) {
+        let mut h = [0u8; RESPONSE_HEADER_LEN];
+        s.read_exact(&mut h).await.unwrap();
+        let h = ResponseHeader::decode(&h).unwrap();
+        let mut body = vec![0u8; h.payload_len as usize];
+        s.read_exact(&mut body).await.unwrap();
+        (h, body)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn malformed_frames_get_error_frames_and_the_worker_keeps_serving() {
+        let cluster = Cluster::start(ClusterOptions {
+            workers: 1,
+            ..ClusterOptions::default()
+        })
+        .await;
+        let data = pattern(5000, 8);
+        cluster.write_file("f.bin", &data);
+        let client = cluster.client().await;
+        let info = client.stat("/data/f.bin").await.unwrap();
+        let addr = cluster.worker(0).data_addr;
+        let good = ReadBlockRequest {
+            req_id: 7,
+            path: "/data/f.bin".into(),
+            version: info.version.clone(),
+            file_size: info.size,
+            block_size: info.block_size,
+            block_index: 0,
+            offset: 100,
+            len: 50,
+        };
+
+        // Garbage: an error frame, then the connection is closed.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (h, msg) = response(&mut s).await;
+        assert_eq!(h.status, Err(ErrorKind::BadFrame));
+        assert!(String::from_utf8_lossy(&msg).contains("magic"));
+        let mut rest = Vec::new();
+        assert_eq!(
+            s.read_to_end(&mut rest).await.unwrap(),
+            0,
+            "connection closed"
+        );
+
+        // A truncated body inside a well-formed header.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut frame = good.encode();
+        let body_len = (frame.len() - 12) as u32 - 5;
+        frame[8..12].copy_from_slice(&body_len.to_le_bytes());
+        frame.truncate(frame.len() - 5);
+        s.write_all(&frame).await.unwrap();
+        let (h, _) = response(&mut s).await;
+        assert_eq!(h.status, Err(ErrorKind::BadFrame));
+
+        // Well-formed but wrong requests: error frames, the connection stays usable.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        for (bad, kind) in [
+            (
+                ReadBlockRequest {
+                    len: 0,
+                    ..good.clone()
+                },
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                ReadBlockRequest {
+                    len: u64::MAX,
+                    ..good.clone()
+                },
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                ReadBlockRequest {
+                    block_index: 99,
+                    ..good.clone()
+                },
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                ReadBlockRequest {
+                    path: "/data/../f.bin".into(),
+                    ..good.clone()
+                },
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                ReadBlockRequest {
+                    path: "/elsewhere/f.bin".into(),
+                    ..good.clone()
+                },
+                ErrorKind::NotFound,
+            ),
+            (
+                ReadBlockRequest {
+                    block_size: 4096,
+                    ..good.clone()
+                },
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                ReadBlockRequest {
+                    version: "m1-s5000".into(),
+                    ..good.clone()
+                },
+                ErrorKind::VersionChanged,
+            ),
+        ] {
+            s.write_all(&bad.encode()).await.unwrap();
+            let (h, msg) = response(&mut s).await;
+            assert_eq!(
+                h.status,
+                Err(kind),
+                "{bad:?}: {}",
+                String::from_utf8_lossy(&msg)
+            );
+            assert_eq!(h.req_id, 7);
+        }
+        s.write_all(&good.encode()).await.unwrap();
+        let (h, body) = response(&mut s).await;
+        assert!(h.status.is_ok());
+        assert_eq!(body, data[100..150]);
+
+        // And everyone else was served all along.
+        assert_eq!(client.read_all("/data/f.bin").await.unwrap(), data);
+    }
+}

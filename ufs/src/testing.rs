@@ -1,0 +1,109 @@
+//! Wrappers for tests: count what reaches the UFS, and make it fail or stall on demand.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory};
+
+/// Counters shared by every UFS a [`CountingFactory`] opens.
+#[derive(Debug, Default)]
+pub struct UfsCounters {
+    pub stats: AtomicU64,
+    pub lists: AtomicU64,
+    pub reads: AtomicU64,
+    pub bytes_read: AtomicU64,
+}
+
+impl UfsCounters {
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::SeqCst)
+    }
+    pub fn stats(&self) -> u64 {
+        self.stats.load(Ordering::SeqCst)
+    }
+}
+
+/// Faults to inject, shared by every UFS a [`CountingFactory`] opens.
+#[derive(Debug, Default)]
+pub struct UfsFaults {
+    /// The next N reads fail with a temporary error.
+    pub fail_next_reads: AtomicU64,
+    /// Every read first sleeps this many milliseconds.
+    pub read_delay_ms: AtomicU64,
+}
+
+pub struct CountingUfs {
+    inner: Arc<dyn Ufs>,
+    counters: Arc<UfsCounters>,
+    faults: Arc<UfsFaults>,
+}
+
+#[async_trait]
+impl Ufs for CountingUfs {
+    async fn stat(&self, path: &str) -> Result<ObjectMeta> {
+        self.counters.stats.fetch_add(1, Ordering::SeqCst);
+        self.inner.stat(path).await
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<UfsEntry>> {
+        self.counters.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list(dir).await
+    }
+
+    async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes> {
+        let delay = self.faults.read_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let injected = self
+            .faults
+            .fail_next_reads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if injected {
+            return Err(UfsError::Temporary(format!("{path}: injected fault")));
+        }
+        let bytes = self.inner.read_range(path, range, version).await?;
+        self.counters.reads.fetch_add(1, Ordering::SeqCst);
+        self.counters
+            .bytes_read
+            .fetch_add(bytes.len() as u64, Ordering::SeqCst);
+        Ok(bytes)
+    }
+}
+
+/// Wraps another factory's UFSes in [`CountingUfs`].
+pub struct CountingFactory {
+    pub inner: Arc<dyn UfsFactory>,
+    pub counters: Arc<UfsCounters>,
+    pub faults: Arc<UfsFaults>,
+}
+
+impl CountingFactory {
+    pub fn new(inner: Arc<dyn UfsFactory>) -> Self {
+        Self {
+            inner,
+            counters: Arc::default(),
+            faults: Arc::default(),
+        }
+    }
+}
+
+impl UfsFactory for CountingFactory {
+    fn open(&self, uri: &str, options: &BTreeMap<String, String>) -> Result<Arc<dyn Ufs>> {
+        Ok(Arc::new(CountingUfs {
+            inner: self.inner.open(uri, options)?,
+            counters: self.counters.clone(),
+            faults: self.faults.clone(),
+        }))
+    }
+}
