@@ -8,13 +8,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use strata_proto::{BlockReport, Tier};
 
 type BlockId = (String, String, u64); // (file_id, version, index)
+/// (version, index) → holders as (worker, tier)
+type VersionBlocks = BTreeMap<(String, u64), Vec<(String, i32)>>;
 
 #[derive(Debug, Default)]
 pub struct BlockMap {
     /// worker → (block, tier) it holds
     by_worker: HashMap<String, HashSet<(BlockId, i32)>>,
     /// file_id → (version, index) → holders
-    by_file: HashMap<String, BTreeMap<(String, u64), Vec<(String, i32)>>>,
+    by_file: HashMap<String, VersionBlocks>,
 }
 
 fn id_of(r: &BlockReport) -> BlockId {
@@ -24,12 +26,7 @@ fn id_of(r: &BlockReport) -> BlockId {
 impl BlockMap {
     pub fn add(&mut self, worker: &str, report: &BlockReport) {
         let id = id_of(report);
-        if self
-            .by_worker
-            .entry(worker.to_string())
-            .or_default()
-            .insert((id.clone(), report.tier))
-        {
+        if self.by_worker.entry(worker.to_string()).or_default().insert((id.clone(), report.tier)) {
             self.by_file
                 .entry(id.0)
                 .or_default()
@@ -41,10 +38,7 @@ impl BlockMap {
 
     pub fn remove(&mut self, worker: &str, report: &BlockReport) {
         let id = id_of(report);
-        let removed = self
-            .by_worker
-            .get_mut(worker)
-            .is_some_and(|s| s.remove(&(id.clone(), report.tier)));
+        let removed = self.by_worker.get_mut(worker).is_some_and(|s| s.remove(&(id.clone(), report.tier)));
         if removed {
             self.unindex(worker, &id, report.tier);
         }
@@ -83,9 +77,7 @@ impl BlockMap {
                         *index,
                         holders
                             .iter()
-                            .map(|(w, t)| {
-                                (w.clone(), Tier::try_from(*t).unwrap_or(Tier::Unspecified))
-                            })
+                            .map(|(w, t)| (w.clone(), Tier::try_from(*t).unwrap_or(Tier::Unspecified)))
                             .collect(),
                     );
                 }
@@ -108,13 +100,7 @@ mod tests {
     use super::*;
 
     fn report(file: &str, index: u64, tier: Tier) -> BlockReport {
-        BlockReport {
-            file_id: file.into(),
-            version: "v1".into(),
-            index,
-            tier: tier as i32,
-            size: 10,
-        }
+        BlockReport { file_id: file.into(), version: "v1".into(), index, tier: tier as i32, size: 10 }
     }
 
     #[test]
@@ -131,15 +117,9 @@ mod tests {
         assert_eq!(map.total_blocks(), 3);
 
         map.remove("w1", &report("f", 0, Tier::Memory));
-        assert_eq!(
-            map.locations("f", "v1")[&0],
-            vec![("w1".to_string(), Tier::Nvme)]
-        );
+        assert_eq!(map.locations("f", "v1")[&0], vec![("w1".to_string(), Tier::Nvme)]);
         map.drop_worker("w1");
-        assert_eq!(
-            map.locations("f", "v1").keys().copied().collect::<Vec<_>>(),
-            vec![1]
-        );
+        assert_eq!(map.locations("f", "v1").keys().copied().collect::<Vec<_>>(), vec![1]);
         assert_eq!(map.worker_blocks("w1"), 0);
         assert_eq!(map.worker_blocks("w2"), 1);
     }

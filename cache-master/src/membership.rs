@@ -29,11 +29,7 @@ impl Membership {
     /// `first_epoch` should grow across master restarts (the master uses wall-clock millis), so
     /// a client never mistakes an old membership for a newer one.
     pub fn new(timeout: Duration, first_epoch: u64) -> Self {
-        Self {
-            workers: BTreeMap::new(),
-            epoch: first_epoch,
-            timeout,
-        }
+        Self { workers: BTreeMap::new(), epoch: first_epoch, timeout }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -46,18 +42,15 @@ impl Membership {
             Some(w) => !w.live || w.data_addr != data_addr,
             None => true,
         };
-        let record = self
-            .workers
-            .entry(id.to_string())
-            .or_insert_with(|| WorkerRecord {
-                id: id.to_string(),
-                data_addr: String::new(),
-                http_addr: String::new(),
-                last_heartbeat: now,
-                live: true,
-                tiers: Vec::new(),
-                counters: WorkerCounters::default(),
-            });
+        let record = self.workers.entry(id.to_string()).or_insert_with(|| WorkerRecord {
+            id: id.to_string(),
+            data_addr: String::new(),
+            http_addr: String::new(),
+            last_heartbeat: now,
+            live: true,
+            tiers: Vec::new(),
+            counters: WorkerCounters::default(),
+        });
         record.data_addr = data_addr.to_string();
         record.http_addr = http_addr.to_string();
         record.last_heartbeat = now;
@@ -106,10 +99,7 @@ impl Membership {
         self.workers
             .values()
             .filter(|w| w.live)
-            .map(|w| Member {
-                id: w.id.clone(),
-                data_addr: w.data_addr.clone(),
-            })
+            .map(|w| Member { id: w.id.clone(), data_addr: w.data_addr.clone() })
             .collect()
     }
 
@@ -134,21 +124,12 @@ mod tests {
         assert!(m.tick(t0 + Duration::from_secs(3)).is_empty());
         assert_eq!(m.tick(t0 + Duration::from_secs(4)), vec!["b".to_string()]);
         assert_eq!(m.epoch(), 103);
-        assert_eq!(
-            m.live_members()
-                .iter()
-                .map(|w| w.id.as_str())
-                .collect::<Vec<_>>(),
-            vec!["a"]
-        );
+        assert_eq!(m.live_members().iter().map(|w| w.id.as_str()).collect::<Vec<_>>(), vec!["a"]);
         // A lost worker's heartbeat is refused until it registers again.
         assert!(!m.heartbeat("b", t0 + Duration::from_secs(5)));
         assert!(!m.heartbeat("zzz", t0));
         // Coming back on a new port moves the epoch.
-        assert_eq!(
-            m.register("b", "h:9", "h:4", t0 + Duration::from_secs(5)),
-            104
-        );
+        assert_eq!(m.register("b", "h:9", "h:4", t0 + Duration::from_secs(5)), 104);
         assert_eq!(m.live_members().len(), 2);
     }
 }

@@ -30,22 +30,12 @@ pub enum MountError {
     RootMount,
     #[error("{0} is already mounted")]
     AlreadyMounted(String),
-    #[error(
-        "{new} would nest with the existing mount {existing}; mounts may not contain each other"
-    )]
+    #[error("{new} would nest with the existing mount {existing}; mounts may not contain each other")]
     Nested { new: String, existing: String },
     #[error("mount option {key}={value:?}: {reason}")]
-    BadOption {
-        key: String,
-        value: String,
-        reason: String,
-    },
+    BadOption { key: String, value: String, reason: String },
     #[error("mount {path} -> {uri}: {source}")]
-    Ufs {
-        path: String,
-        uri: String,
-        source: UfsError,
-    },
+    Ufs { path: String, uri: String, source: UfsError },
     #[error("no mount at {0}")]
     NotMounted(String),
 }
@@ -76,23 +66,19 @@ impl Mount {
         if path == "/" {
             return Err(MountError::RootMount);
         }
-        let ufs_err = |source| MountError::Ufs {
-            path: path.clone(),
-            uri: record.uri.clone(),
-            source,
-        };
+        let ufs_err = |source| MountError::Ufs { path: path.clone(), uri: record.uri.clone(), source };
         UfsSpec::parse(&record.uri).map_err(ufs_err)?;
         let block_size = match record.options.get("block_size") {
-            Some(v) => parse_size(v)
-                .filter(|b| (4096..=MAX_BLOCK_SIZE).contains(b))
-                .ok_or_else(|| MountError::BadOption {
+            Some(v) => parse_size(v).filter(|b| (4096..=MAX_BLOCK_SIZE).contains(b)).ok_or_else(|| {
+                MountError::BadOption {
                     key: "block_size".into(),
                     value: v.clone(),
                     reason: format!(
                         "expected a size between 4KiB and {}MiB, e.g. 4MiB",
                         MAX_BLOCK_SIZE >> 20
                     ),
-                })?,
+                }
+            })?,
             None => DEFAULT_BLOCK_SIZE,
         };
         let metadata_ttl = match record.options.get("metadata_ttl") {
@@ -103,15 +89,8 @@ impl Mount {
             })?,
             None => Duration::from_millis(DEFAULT_METADATA_TTL_MS),
         };
-        let ufs = factory
-            .open(&record.uri, &record.options)
-            .map_err(ufs_err)?;
-        Ok(Self {
-            record: MountRecord { path, ..record },
-            block_size,
-            metadata_ttl,
-            ufs,
-        })
+        let ufs = factory.open(&record.uri, &record.options).map_err(ufs_err)?;
+        Ok(Self { record: MountRecord { path, ..record }, block_size, metadata_ttl, ufs })
     }
 }
 
@@ -160,13 +139,8 @@ impl MountTable {
             return Err(MountError::AlreadyMounted(new.clone()));
         }
         for existing in self.mounts.keys() {
-            if path::strip_mount(existing, new).is_some()
-                || path::strip_mount(new, existing).is_some()
-            {
-                return Err(MountError::Nested {
-                    new: new.clone(),
-                    existing: existing.clone(),
-                });
+            if path::strip_mount(existing, new).is_some() || path::strip_mount(new, existing).is_some() {
+                return Err(MountError::Nested { new: new.clone(), existing: existing.clone() });
             }
         }
         Ok(())
@@ -206,11 +180,7 @@ mod tests {
     use strata_ufs::OpendalFactory;
 
     fn record(path: &str, uri: &str) -> MountRecord {
-        MountRecord {
-            path: path.into(),
-            uri: uri.into(),
-            options: BTreeMap::new(),
-        }
+        MountRecord { path: path.into(), uri: uri.into(), options: BTreeMap::new() }
     }
 
     #[test]
@@ -224,37 +194,19 @@ mod tests {
         table.insert(m);
 
         let dup = Mount::open(record("/data", "file:///tmp"), &f).unwrap();
-        assert!(matches!(
-            table.check_new(&dup),
-            Err(MountError::AlreadyMounted(_))
-        ));
+        assert!(matches!(table.check_new(&dup), Err(MountError::AlreadyMounted(_))));
         let nested = Mount::open(record("/data/x", "file:///tmp"), &f).unwrap();
-        assert!(matches!(
-            table.check_new(&nested),
-            Err(MountError::Nested { .. })
-        ));
+        assert!(matches!(table.check_new(&nested), Err(MountError::Nested { .. })));
         let sibling = Mount::open(record("/database", "file:///tmp"), &f).unwrap();
         table.check_new(&sibling).unwrap();
         table.insert(sibling);
 
-        assert!(matches!(
-            Mount::open(record("data", "file:///tmp"), &f),
-            Err(MountError::InvalidPath(_))
-        ));
-        assert!(matches!(
-            Mount::open(record("/a/../b", "file:///tmp"), &f),
-            Err(MountError::InvalidPath(_))
-        ));
-        assert!(matches!(
-            Mount::open(record("/", "file:///tmp"), &f),
-            Err(MountError::RootMount)
-        ));
+        assert!(matches!(Mount::open(record("data", "file:///tmp"), &f), Err(MountError::InvalidPath(_))));
+        assert!(matches!(Mount::open(record("/a/../b", "file:///tmp"), &f), Err(MountError::InvalidPath(_))));
+        assert!(matches!(Mount::open(record("/", "file:///tmp"), &f), Err(MountError::RootMount)));
         assert!(matches!(
             Mount::open(record("/x", "gopher://h/p"), &f),
-            Err(MountError::Ufs {
-                source: UfsError::UnsupportedScheme(_),
-                ..
-            })
+            Err(MountError::Ufs { source: UfsError::UnsupportedScheme(_), .. })
         ));
 
         let (m, rel) = table.resolve("/data/a/b.bin").unwrap();
@@ -275,16 +227,10 @@ mod tests {
         assert_eq!(m.block_size, 1 << 20);
         assert_eq!(m.metadata_ttl, Duration::from_millis(250));
         r.options.insert("block_size".into(), "12".into());
-        assert!(matches!(
-            Mount::open(r.clone(), &f),
-            Err(MountError::BadOption { .. })
-        ));
+        assert!(matches!(Mount::open(r.clone(), &f), Err(MountError::BadOption { .. })));
         r.options.insert("block_size".into(), "4MiB".into());
         r.options.insert("metadata_ttl".into(), "soon".into());
-        assert!(matches!(
-            Mount::open(r, &f),
-            Err(MountError::BadOption { .. })
-        ));
+        assert!(matches!(Mount::open(r, &f), Err(MountError::BadOption { .. })));
         assert_eq!(parse_size("2G"), Some(2 << 30));
         assert_eq!(parse_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_duration("5"), None);

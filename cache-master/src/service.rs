@@ -12,10 +12,10 @@ use moka::future::Cache;
 use strata_common::{ErrorKind, block, path};
 use strata_proto::master_server::{Master as MasterRpc, MasterServer};
 use strata_proto::{
-    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, Empty,
-    FileStatus, HeartbeatRequest, HeartbeatResponse, ListRequest, ListResponse, MountInfo,
-    MountList, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, Replica,
-    StatRequest, WorkerCounters, WorkerMountsRequest, WorkerStatus,
+    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, Empty, FileStatus,
+    HeartbeatRequest, HeartbeatResponse, ListRequest, ListResponse, MountInfo, MountList,
+    RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, Replica, StatRequest, WorkerCounters,
+    WorkerMountsRequest, WorkerStatus,
 };
 use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory, redact_options};
 use thiserror::Error;
@@ -36,10 +36,7 @@ use crate::store::{MetaStore, RedbStore, StoreError};
 #[non_exhaustive]
 pub enum MasterError {
     #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -90,27 +87,15 @@ fn ufs_err(rpc: &'static str, path: &str, e: strata_ufs::UfsError) -> Status {
 }
 
 fn now_epoch_base() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl State {
-    fn resolve(
-        &self,
-        rpc: &'static str,
-        raw: &str,
-    ) -> Result<(String, Arc<Mount>, String), Status> {
-        let p = path::normalize(raw)
-            .map_err(|e| err(rpc, ErrorKind::InvalidArgument, e.to_string()))?;
+    fn resolve(&self, rpc: &'static str, raw: &str) -> Result<(String, Arc<Mount>, String), Status> {
+        let p = path::normalize(raw).map_err(|e| err(rpc, ErrorKind::InvalidArgument, e.to_string()))?;
         let mounts = self.mounts.read().unwrap_or_else(|p| p.into_inner());
         let (mount, rel) = mounts.resolve(&p).ok_or_else(|| {
-            err(
-                rpc,
-                ErrorKind::NotFound,
-                format!("{p} is not under any mount (see `strata mount ls`)"),
-            )
+            err(rpc, ErrorKind::NotFound, format!("{p} is not under any mount (see `strata mount ls`)"))
         })?;
         Ok((p, mount, rel))
     }
@@ -122,23 +107,15 @@ impl State {
         sync: bool,
     ) -> Result<(String, Arc<Mount>, String, ObjectMeta), Status> {
         let (p, mount, rel) = self.resolve(rpc, raw)?;
-        if !sync {
-            if let Some(hit) = self.stats.get(&p).await {
-                if hit.at.elapsed() < mount.metadata_ttl {
-                    metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
-                    return Ok((p, mount, rel, hit.meta.clone()));
-                }
-            }
+        let cached = if sync { None } else { self.stats.get(&p).await };
+        if let Some(hit) = cached.filter(|hit| hit.at.elapsed() < mount.metadata_ttl) {
+            metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
+            return Ok((p, mount, rel, hit.meta.clone()));
         }
         metrics::counter!(m::METADATA_CACHE, "result" => "miss").increment(1);
         let meta = if rel.is_empty() {
             // The mount point itself is a directory even if the UFS root has no entry.
-            ObjectMeta {
-                is_dir: true,
-                size: 0,
-                version: String::new(),
-                mtime_ms: 0,
-            }
+            ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 }
         } else {
             match mount.ufs.stat(&rel).await {
                 Ok(meta) => meta,
@@ -150,13 +127,7 @@ impl State {
         };
         if !mount.metadata_ttl.is_zero() {
             self.stats
-                .insert(
-                    p.clone(),
-                    Arc::new(CachedStat {
-                        at: Instant::now(),
-                        meta: meta.clone(),
-                    }),
-                )
+                .insert(p.clone(), Arc::new(CachedStat { at: Instant::now(), meta: meta.clone() }))
                 .await;
         }
         Ok((p, mount, rel, meta))
@@ -179,11 +150,8 @@ impl State {
     }
 
     fn mount_info(mount: &Mount, with_secrets: bool) -> MountInfo {
-        let options = if with_secrets {
-            mount.record.options.clone()
-        } else {
-            redact_options(&mount.record.options)
-        };
+        let options =
+            if with_secrets { mount.record.options.clone() } else { redact_options(&mount.record.options) };
         MountInfo {
             path: mount.record.path.clone(),
             uri: mount.record.uri.clone(),
@@ -197,10 +165,7 @@ impl State {
         let mounts = self.mounts.read().unwrap_or_else(|p| p.into_inner());
         MountList {
             epoch: *lock(&self.mounts_epoch),
-            mounts: mounts
-                .iter()
-                .map(|m| Self::mount_info(m, with_secrets))
-                .collect(),
+            mounts: mounts.iter().map(|m| Self::mount_info(m, with_secrets)).collect(),
         }
     }
 
@@ -232,10 +197,7 @@ impl MasterRpc for Rpc {
             workers: mem
                 .live_members()
                 .into_iter()
-                .map(|w| strata_proto::Member {
-                    id: w.id,
-                    data_addr: w.data_addr,
-                })
+                .map(|w| strata_proto::Member { id: w.id, data_addr: w.data_addr })
                 .collect(),
         }))
     }
@@ -249,11 +211,7 @@ impl MasterRpc for Rpc {
         const RPC: &str = "add_mount";
         metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
         let req = req.into_inner();
-        let record = MountRecord {
-            path: req.path,
-            uri: req.uri,
-            options: req.options.into_iter().collect(),
-        };
+        let record = MountRecord { path: req.path, uri: req.uri, options: req.options.into_iter().collect() };
         let mount = Mount::open(record, self.0.factory.as_ref()).map_err(|e| mount_err(RPC, e))?;
         self.0
             .mounts
@@ -264,11 +222,8 @@ impl MasterRpc for Rpc {
         // Reach the UFS once now, so a wrong root fails here and not at the first read.
         let root = mount.ufs.stat("").await;
         if let Err(e) = root {
-            let e = MountError::Ufs {
-                path: mount.record.path.clone(),
-                uri: mount.record.uri.clone(),
-                source: e,
-            };
+            let e =
+                MountError::Ufs { path: mount.record.path.clone(), uri: mount.record.uri.clone(), source: e };
             return Err(mount_err(RPC, e));
         }
         let info = State::mount_info(&mount, false);
@@ -295,16 +250,10 @@ impl MasterRpc for Rpc {
             .map_err(|e| err(RPC, ErrorKind::InvalidArgument, e.to_string()))?;
         {
             let mut table = self.0.mounts.write().unwrap_or_else(|p| p.into_inner());
-            if table
-                .resolve(&p)
-                .is_none_or(|(m, rel)| !rel.is_empty() || m.record.path != p)
-            {
+            if table.resolve(&p).is_none_or(|(m, rel)| !rel.is_empty() || m.record.path != p) {
                 return Err(mount_err(RPC, MountError::NotMounted(p)));
             }
-            self.0
-                .store
-                .delete_mount(&p)
-                .map_err(|e| err(RPC, ErrorKind::Internal, e.to_string()))?;
+            self.0.store.delete_mount(&p).map_err(|e| err(RPC, ErrorKind::Internal, e.to_string()))?;
             table.remove(&p);
             metrics::gauge!(m::MOUNTS).set(table.len() as f64);
             info!(mount = %p, "mount removed");
@@ -333,23 +282,12 @@ impl MasterRpc for Rpc {
                 entries: vec![State::file_status(&p, &mount, &rel, &meta)],
             }));
         }
-        let cached = if req.sync {
-            None
-        } else {
-            self.0.lists.get(&p).await
-        };
+        let cached = if req.sync { None } else { self.0.lists.get(&p).await };
         let entries = match cached {
             Some(hit) if hit.at.elapsed() < mount.metadata_ttl => hit,
             _ => {
-                let entries = mount
-                    .ufs
-                    .list(&rel)
-                    .await
-                    .map_err(|e| ufs_err(RPC, &p, e))?;
-                let fresh = Arc::new(CachedList {
-                    at: Instant::now(),
-                    entries,
-                });
+                let entries = mount.ufs.list(&rel).await.map_err(|e| ufs_err(RPC, &p, e))?;
+                let fresh = Arc::new(CachedList { at: Instant::now(), entries });
                 if !mount.metadata_ttl.is_zero() {
                     self.0.lists.insert(p.clone(), fresh.clone()).await;
                 }
@@ -360,36 +298,23 @@ impl MasterRpc for Rpc {
             .entries
             .iter()
             .map(|e| {
-                let child_rel = if rel.is_empty() {
-                    e.name.clone()
-                } else {
-                    format!("{rel}/{}", e.name)
-                };
+                let child_rel = if rel.is_empty() { e.name.clone() } else { format!("{rel}/{}", e.name) };
                 State::file_status(&path::join(&p, &e.name), &mount, &child_rel, &e.meta)
             })
             .collect();
         Ok(Response::new(ListResponse { entries: out }))
     }
 
-    async fn get_block_locations(
-        &self,
-        req: Request<BlockLocationsRequest>,
-    ) -> RpcResult<BlockLocations> {
+    async fn get_block_locations(&self, req: Request<BlockLocationsRequest>) -> RpcResult<BlockLocations> {
         const RPC: &str = "get_block_locations";
         metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
         let (p, mount, rel, meta) = self.0.stat_path(RPC, &req.into_inner().path, false).await?;
         if meta.is_dir {
-            return Err(err(
-                RPC,
-                ErrorKind::IsDirectory,
-                format!("{p} is a directory"),
-            ));
+            return Err(err(RPC, ErrorKind::IsDirectory, format!("{p} is a directory")));
         }
         let file_id = block::file_identity(&mount.record.uri, &rel, mount.block_size);
-        let addrs: HashMap<String, String> = lock(&self.0.membership)
-            .workers()
-            .map(|w| (w.id.clone(), w.data_addr.clone()))
-            .collect();
+        let addrs: HashMap<String, String> =
+            lock(&self.0.membership).workers().map(|w| (w.id.clone(), w.data_addr.clone())).collect();
         let locations = lock(&self.0.blocks).locations(&file_id, &meta.version);
         let blocks = locations
             .into_iter()
@@ -405,11 +330,7 @@ impl MasterRpc for Rpc {
                     .collect(),
             })
             .collect();
-        Ok(Response::new(BlockLocations {
-            path: p,
-            version: meta.version,
-            blocks,
-        }))
+        Ok(Response::new(BlockLocations { path: p, version: meta.version, blocks }))
     }
 
     async fn status(&self, _: Request<Empty>) -> RpcResult<ClusterStatus> {
@@ -433,9 +354,7 @@ impl MasterRpc for Rpc {
                     data_addr: w.data_addr.clone(),
                     http_addr: w.http_addr.clone(),
                     live: w.live,
-                    last_heartbeat_ms_ago: now
-                        .saturating_duration_since(w.last_heartbeat)
-                        .as_millis() as u64,
+                    last_heartbeat_ms_ago: now.saturating_duration_since(w.last_heartbeat).as_millis() as u64,
                     tiers: w.tiers.clone(),
                     counters: Some(*c),
                     blocks: blocks.worker_blocks(&w.id),
@@ -447,12 +366,7 @@ impl MasterRpc for Rpc {
             workers,
             totals: Some(totals),
             blocks: blocks.total_blocks(),
-            mounts: self
-                .0
-                .mounts
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .len() as u64,
+            mounts: self.0.mounts.read().unwrap_or_else(|p| p.into_inner()).len() as u64,
         }))
     }
 
@@ -470,12 +384,8 @@ impl MasterRpc for Rpc {
                 "worker id and a data address host:port are required",
             ));
         }
-        let epoch = lock(&self.0.membership).register(
-            &req.worker_id,
-            &req.data_addr,
-            &req.http_addr,
-            Instant::now(),
-        );
+        let epoch =
+            lock(&self.0.membership).register(&req.worker_id, &req.data_addr, &req.http_addr, Instant::now());
         // It will send a full report next: forget what it held before.
         lock(&self.0.blocks).drop_worker(&req.worker_id);
         info!(worker = %req.worker_id, data_addr = %req.data_addr, epoch, "worker registered");
@@ -512,11 +422,7 @@ impl MasterRpc for Rpc {
             blocks.remove(&req.worker_id, r);
         }
         metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
-        Ok(Response::new(HeartbeatResponse {
-            reregister: false,
-            membership_epoch: epoch,
-            mounts_epoch,
-        }))
+        Ok(Response::new(HeartbeatResponse { reregister: false, membership_epoch: epoch, mounts_epoch }))
     }
 
     async fn worker_mounts(&self, _: Request<WorkerMountsRequest>) -> RpcResult<MountList> {
@@ -554,8 +460,7 @@ impl Master {
         config: MasterConfig,
         factory: Arc<dyn UfsFactory>,
     ) -> Result<MasterHandle, MasterError> {
-        let store: Arc<dyn MetaStore> =
-            Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
+        let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
         let mut table = MountTable::default();
         for record in store.load_mounts()? {
             // A mount that no longer opens (option rules changed) is kept in the store and
@@ -581,26 +486,18 @@ impl Master {
             blocks: Mutex::new(BlockMap::default()),
             store,
             factory,
-            stats: Cache::builder()
-                .max_capacity(config.metadata_cache_entries)
-                .build(),
-            lists: Cache::builder()
-                .max_capacity(config.metadata_cache_entries / 10 + 1)
-                .build(),
+            stats: Cache::builder().max_capacity(config.metadata_cache_entries).build(),
+            lists: Cache::builder().max_capacity(config.metadata_cache_entries / 10 + 1).build(),
             config,
         });
         let cancel = CancellationToken::new();
 
         let listener = TcpListener::bind(state.config.rpc_addr)
             .await
-            .map_err(|source| MasterError::Bind {
-                addr: state.config.rpc_addr,
-                source,
-            })?;
-        let rpc_addr = listener.local_addr().map_err(|source| MasterError::Bind {
-            addr: state.config.rpc_addr,
-            source,
-        })?;
+            .map_err(|source| MasterError::Bind { addr: state.config.rpc_addr, source })?;
+        let rpc_addr = listener
+            .local_addr()
+            .map_err(|source| MasterError::Bind { addr: state.config.rpc_addr, source })?;
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         let svc = MasterServer::new(Rpc(state.clone()));
         let shutdown = cancel.clone();
@@ -617,23 +514,13 @@ impl Master {
         let health_state = Arc::downgrade(&state);
         let (http_addr, http_task) = strata_proto::ops_http::serve(
             state.config.http_addr,
-            Arc::new(move || {
-                if health_state.upgrade().is_some() {
-                    Ok(())
-                } else {
-                    Err("stopped".into())
-                }
-            }),
+            Arc::new(move || if health_state.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
         )
         .await
-        .map_err(|source| MasterError::Bind {
-            addr: state.config.http_addr,
-            source,
-        })?;
+        .map_err(|source| MasterError::Bind { addr: state.config.http_addr, source })?;
 
         let tick_state = state.clone();
-        let tick_every =
-            Duration::from_millis((state.config.worker_timeout_ms / 4).clamp(10, 1000));
+        let tick_every = Duration::from_millis((state.config.worker_timeout_ms / 4).clamp(10, 1000));
         let ticker = tokio::spawn(async move {
             let mut interval = tokio::time::interval(tick_every);
             loop {
@@ -642,12 +529,6 @@ impl Master {
             }
         });
         info!(%rpc_addr, %http_addr, "master started");
-        Ok(MasterHandle {
-            rpc_addr,
-            http_addr,
-            state,
-            cancel,
-            tasks: vec![server, http_task, ticker],
-        })
+        Ok(MasterHandle { rpc_addr, http_addr, state, cancel, tasks: vec![server, http_task, ticker] })
     }
 }

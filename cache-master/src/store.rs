@@ -47,15 +47,10 @@ impl RedbStore {
         let txn = db.begin_write().map_err(db_err)?;
         txn.open_table(MOUNTS).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
-        Ok(Self {
-            db: Mutex::new(Some(db)),
-        })
+        Ok(Self { db: Mutex::new(Some(db)) })
     }
 
-    fn with_db<T>(
-        &self,
-        f: impl FnOnce(&Database) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn with_db<T>(&self, f: impl FnOnce(&Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let guard = self.db.lock().unwrap_or_else(|p| p.into_inner());
         f(guard.as_ref().ok_or(StoreError::Closed)?)
     }
@@ -69,10 +64,8 @@ impl MetaStore for RedbStore {
             let mut out = Vec::new();
             for row in table.iter().map_err(db_err)? {
                 let (k, v) = row.map_err(db_err)?;
-                let record = serde_json::from_str(v.value()).map_err(|e| StoreError::Corrupt {
-                    key: k.value().to_string(),
-                    reason: e.to_string(),
-                })?;
+                let record = serde_json::from_str(v.value())
+                    .map_err(|e| StoreError::Corrupt { key: k.value().to_string(), reason: e.to_string() })?;
                 out.push(record);
             }
             Ok(out)
@@ -94,10 +87,7 @@ impl MetaStore for RedbStore {
     fn delete_mount(&self, path: &str) -> Result<(), StoreError> {
         self.with_db(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            txn.open_table(MOUNTS)
-                .map_err(db_err)?
-                .remove(path)
-                .map_err(db_err)?;
+            txn.open_table(MOUNTS).map_err(db_err)?.remove(path).map_err(db_err)?;
             txn.commit().map_err(db_err)
         })
     }
@@ -123,12 +113,7 @@ mod tests {
         {
             let store = RedbStore::open(&path).unwrap();
             store.put_mount(&record).unwrap();
-            store
-                .put_mount(&MountRecord {
-                    path: "/gone".into(),
-                    ..record.clone()
-                })
-                .unwrap();
+            store.put_mount(&MountRecord { path: "/gone".into(), ..record.clone() }).unwrap();
             store.delete_mount("/gone").unwrap();
             store.close();
             assert!(matches!(store.load_mounts(), Err(StoreError::Closed)));

@@ -111,20 +111,12 @@ impl BlockStore {
     pub fn set_mounts(&self, list: &MountList) {
         let mut table = BTreeMap::new();
         for m in &list.mounts {
-            let options = m
-                .options
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let options = m.options.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             match self.factory.open(&m.uri, &options) {
                 Ok(ufs) => {
                     table.insert(
                         m.path.clone(),
-                        Arc::new(WorkerMount {
-                            uri: m.uri.clone(),
-                            block_size: m.block_size,
-                            ufs,
-                        }),
+                        Arc::new(WorkerMount { uri: m.uri.clone(), block_size: m.block_size, ufs }),
                     );
                 }
                 Err(e) => {
@@ -140,16 +132,9 @@ impl BlockStore {
     }
 
     pub async fn refresh_mounts(&self) {
-        let master = self
-            .master
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let master = self.master.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some((mut client, worker_id)) = master {
-            match client
-                .worker_mounts(WorkerMountsRequest { worker_id })
-                .await
-            {
+            match client.worker_mounts(WorkerMountsRequest { worker_id }).await {
                 Ok(list) => self.set_mounts(&list.into_inner()),
                 Err(status) => warn!(err = %status.message(), "cannot fetch mounts"),
             }
@@ -167,20 +152,16 @@ impl BlockStore {
 
     /// Serves one block range. `Ok((bytes, source))` holds exactly `req.len` bytes.
     pub async fn read(&self, req: &ReadBlockRequest) -> Result<(Bytes, Source), ServeError> {
-        let p =
-            path::normalize(&req.path).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
+        let p = path::normalize(&req.path).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
         let (mount, rel) = match self.resolve(&p) {
             Some(found) => found,
             None => {
                 self.refresh_mounts().await;
-                self.resolve(&p)
-                    .ok_or_else(|| ServeError::NoMount(p.clone()))?
+                self.resolve(&p).ok_or_else(|| ServeError::NoMount(p.clone()))?
             }
         };
         if rel.is_empty() {
-            return Err(ServeError::InvalidArgument(format!(
-                "{p} is a mount point, not a file"
-            )));
+            return Err(ServeError::InvalidArgument(format!("{p} is a mount point, not a file")));
         }
         if req.block_size != mount.block_size {
             return Err(ServeError::InvalidArgument(format!(
@@ -192,12 +173,7 @@ impl BlockStore {
             return Err(ServeError::InvalidArgument("empty version".into()));
         }
         let block_len = block::block_len(req.file_size, req.block_size, req.block_index);
-        if req.len == 0
-            || block_len == 0
-            || req
-                .offset
-                .checked_add(req.len)
-                .is_none_or(|end| end > block_len)
+        if req.len == 0 || block_len == 0 || req.offset.checked_add(req.len).is_none_or(|end| end > block_len)
         {
             return Err(ServeError::InvalidArgument(format!(
                 "range {}+{} outside block {} of {} bytes",
@@ -209,20 +185,11 @@ impl BlockStore {
             req.version.clone(),
             req.block_index,
         );
-        let (bytes, source) = self
-            .block(
-                &key,
-                &mount,
-                &rel,
-                req.block_index * req.block_size,
-                block_len,
-            )
-            .await?;
+        let (bytes, source) =
+            self.block(&key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
         let start = req.offset as usize;
         let out = bytes.slice(start..start + req.len as usize);
-        self.counters
-            .bytes_served
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.counters.bytes_served.fetch_add(out.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::BYTES_SERVED).increment(out.len() as u64);
         Ok((out, source))
     }
@@ -235,7 +202,7 @@ impl BlockStore {
         start: u64,
         len: u64,
     ) -> Result<(Bytes, Source), ServeError> {
-        if let Some(b) = self.from_tiers(key).await {
+        if let Some(b) = self.lookup_tiers(key).await {
             return Ok(b);
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
@@ -256,17 +223,14 @@ impl BlockStore {
             .cloned();
         {
             let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-            if inflight
-                .get(key)
-                .is_some_and(|c| Arc::ptr_eq(c, &cell) && c.initialized())
-            {
+            if inflight.get(key).is_some_and(|c| Arc::ptr_eq(c, &cell) && c.initialized()) {
                 inflight.remove(key);
             }
         }
         result.map(|b| (b, Source::Ufs))
     }
 
-    async fn from_tiers(&self, key: &BlockKey) -> Option<(Bytes, Source)> {
+    async fn lookup_tiers(&self, key: &BlockKey) -> Option<(Bytes, Source)> {
         match self.memory.get(key).await {
             Ok(Some(b)) => {
                 self.hit(TierKind::Memory);
@@ -317,9 +281,7 @@ impl BlockStore {
             }
         };
         self.counters.ufs_reads.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .ufs_bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.counters.ufs_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::UFS_READS).increment(1);
         metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
         if let Err(e) = self.memory.put(key, bytes.clone()).await {
@@ -332,8 +294,7 @@ impl BlockStore {
     /// Queues an NVMe write, waiting for budget when too many bytes are already queued: a
     /// slow disk slows misses down instead of silently losing blocks.
     async fn write_nvme(&self, key: BlockKey, bytes: Bytes) {
-        let units =
-            (bytes.len() as u64 / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
+        let units = (bytes.len() as u64 / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
         let Ok(permit) = self.nvme_budget.clone().acquire_many_owned(units).await else {
             return;
         };

@@ -57,9 +57,7 @@ impl Default for WorkerConfig {
 
 impl WorkerConfig {
     pub fn nvme_dir(&self) -> PathBuf {
-        self.nvme_dir
-            .clone()
-            .unwrap_or_else(|| self.data_dir.join("nvme"))
+        self.nvme_dir.clone().unwrap_or_else(|| self.data_dir.join("nvme"))
     }
 }
 
@@ -69,8 +67,7 @@ mod tests {
 
     #[test]
     fn partial_toml_takes_defaults_and_unknown_fields_fail() {
-        let c: WorkerConfig =
-            toml::from_str("memory_capacity = 1024\nnvme_dir = \"/tmp/x\"").unwrap();
+        let c: WorkerConfig = toml::from_str("memory_capacity = 1024\nnvme_dir = \"/tmp/x\"").unwrap();
         assert_eq!(c.memory_capacity, 1024);
         assert_eq!(c.nvme_dir(), PathBuf::from("/tmp/x"));
         assert_eq!(c.nvme_capacity, WorkerConfig::default().nvme_capacity);

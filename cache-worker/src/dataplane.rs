@@ -10,8 +10,7 @@ use std::time::Instant;
 
 use strata_common::ErrorKind;
 use strata_common::frame::{
-    self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader,
-    decode_request_header,
+    self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, decode_request_header,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -143,12 +142,7 @@ async fn send_error(
     if msg.len() > MAX_ERROR_MESSAGE {
         msg = &msg[..MAX_ERROR_MESSAGE];
     }
-    let head = ResponseHeader {
-        status: Err(kind),
-        req_id,
-        payload_len: msg.len() as u64,
-    }
-    .encode();
+    let head = ResponseHeader { status: Err(kind), req_id, payload_len: msg.len() as u64 }.encode();
     let mut out = Vec::with_capacity(head.len() + msg.len());
     out.extend_from_slice(&head);
     out.extend_from_slice(msg);

@@ -29,17 +29,11 @@ use tier::{MemoryTier, NvmeTier, Tier, TierError};
 #[non_exhaustive]
 pub enum WorkerError {
     #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("NVMe tier at {dir}: {source}")]
     Nvme { dir: String, source: TierError },
     #[error("worker id file {path}: {source}")]
-    Identity {
-        path: String,
-        source: std::io::Error,
-    },
+    Identity { path: String, source: std::io::Error },
     #[error("invalid master address {addr:?}: {reason}")]
     MasterAddr { addr: String, reason: String },
 }
@@ -74,10 +68,7 @@ impl WorkerHandle {
 
 fn load_or_create_id(dir: &Path) -> Result<String, WorkerError> {
     let path = dir.join("worker-id");
-    let io = |source| WorkerError::Identity {
-        path: path.display().to_string(),
-        source,
-    };
+    let io = |source| WorkerError::Identity { path: path.display().to_string(), source };
     match std::fs::read_to_string(&path) {
         Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
         Ok(_) => {}
@@ -102,14 +93,13 @@ impl Worker {
             None => load_or_create_id(&config.data_dir)?,
         };
         let nvme_dir = config.nvme_dir();
-        let nvme: Arc<dyn Tier> = Arc::new(
-            NvmeTier::open(&nvme_dir, config.nvme_capacity).map_err(|source| {
-                WorkerError::Nvme {
-                    dir: nvme_dir.display().to_string(),
-                    source,
-                }
-            })?,
-        );
+        // Opening reads one header per block: keep that off the async threads.
+        let nvme_err = |source| WorkerError::Nvme { dir: nvme_dir.display().to_string(), source };
+        let (dir, capacity) = (nvme_dir.clone(), config.nvme_capacity);
+        let opened = tokio::task::spawn_blocking(move || NvmeTier::open(dir, capacity))
+            .await
+            .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
+        let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
         let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
         let store = Arc::new(BlockStore::new(
             memory,
@@ -121,14 +111,9 @@ impl Worker {
 
         let listener = TcpListener::bind(config.data_addr)
             .await
-            .map_err(|source| WorkerError::Bind {
-                addr: config.data_addr,
-                source,
-            })?;
-        let data_addr = listener.local_addr().map_err(|source| WorkerError::Bind {
-            addr: config.data_addr,
-            source,
-        })?;
+            .map_err(|source| WorkerError::Bind { addr: config.data_addr, source })?;
+        let data_addr =
+            listener.local_addr().map_err(|source| WorkerError::Bind { addr: config.data_addr, source })?;
         let host = match &config.advertise_host {
             Some(h) => h.clone(),
             None if data_addr.ip().is_unspecified() => "127.0.0.1".to_string(),
@@ -140,46 +125,22 @@ impl Worker {
         let health_store = Arc::downgrade(&store);
         let (http_addr, http_task) = strata_proto::ops_http::serve(
             config.http_addr,
-            Arc::new(move || {
-                if health_store.upgrade().is_some() {
-                    Ok(())
-                } else {
-                    Err("stopped".into())
-                }
-            }),
+            Arc::new(move || if health_store.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
         )
         .await
-        .map_err(|source| WorkerError::Bind {
-            addr: config.http_addr,
-            source,
-        })?;
+        .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
 
-        let client = master_link::connect(&config.master_addr)
-            .await
-            .map_err(|e| WorkerError::MasterAddr {
-                addr: config.master_addr.clone(),
-                reason: e.to_string(),
-            })?;
+        let client = master_link::connect(&config.master_addr).await.map_err(|e| {
+            WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() }
+        })?;
         store.set_master(client.clone(), worker_id.clone());
         let identity = master_link::Identity {
             worker_id: worker_id.clone(),
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
         };
-        let link = tokio::spawn(master_link::run(
-            client,
-            identity,
-            store.clone(),
-            cancel.clone(),
-        ));
+        let link = tokio::spawn(master_link::run(client, identity, store.clone(), cancel.clone()));
         info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %nvme_dir.display(), "worker started");
-        Ok(WorkerHandle {
-            worker_id,
-            data_addr,
-            http_addr,
-            store,
-            cancel,
-            tasks: vec![dp, http_task, link],
-        })
+        Ok(WorkerHandle { worker_id, data_addr, http_addr, store, cancel, tasks: vec![dp, http_task, link] })
     }
 }

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_proto::master_client::MasterClient;
-use strata_proto::{
-    BlockReport, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage,
-};
+use strata_proto::{BlockReport, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::{info, warn};
@@ -104,11 +102,7 @@ pub async fn run(
         for tier in &tiers {
             let events = tier.drain_events();
             if full_report {
-                added.extend(
-                    tier.keys()
-                        .iter()
-                        .map(|(k, size)| report(k, tier.kind(), *size)),
-                );
+                added.extend(tier.keys().iter().map(|(k, size)| report(k, tier.kind(), *size)));
                 continue;
             }
             for event in events {

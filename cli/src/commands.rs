@@ -31,16 +31,15 @@ fn load_toml<T: serde::de::DeserializeOwned + Default>(path: Option<&Path>) -> R
     match path {
         None => Ok(T::default()),
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("reading config {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("parsing config {}", p.display()))
         }
     }
 }
 
 fn size(flag: &str, value: &str) -> Result<u64> {
-    parse_size(value)
-        .with_context(|| format!("--{flag} {value:?}: expected a size such as 512MiB or 10GiB"))
+    parse_size(value).with_context(|| format!("--{flag} {value:?}: expected a size such as 512MiB or 10GiB"))
 }
 
 async fn connect(master: &str) -> Result<Client> {
@@ -50,9 +49,7 @@ async fn connect(master: &str) -> Result<Client> {
 }
 
 async fn wait_for_ctrl_c() -> Result<()> {
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
+    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     eprintln!("strata: shutting down");
     Ok(())
 }
@@ -64,8 +61,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
             .parse()
             .with_context(|| format!("--master {master_addr:?} is not an ip:port to listen on"))?,
     };
-    std::fs::create_dir_all(&args.dir)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize()?;
     let factory = Arc::new(OpendalFactory);
     let master_cfg = MasterConfig {
@@ -76,9 +72,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     };
     let master = Master::start(master_cfg, factory.clone())
         .await
-        .with_context(|| {
-            format!("starting the master on {rpc_addr} (is another strata already running?)")
-        })?;
+        .with_context(|| format!("starting the master on {rpc_addr} (is another strata already running?)"))?;
     let worker_cfg = WorkerConfig {
         master_addr: master.rpc_addr.to_string(),
         data_addr: (rpc_addr.ip(), 0).into(),
@@ -88,24 +82,18 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         nvme_capacity: size("nvme", &args.nvme)?,
         ..WorkerConfig::default()
     };
-    let worker = Worker::start(worker_cfg, factory)
-        .await
-        .context("starting the worker")?;
+    let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
 
     let client = connect(&master.rpc_addr.to_string()).await?;
     let mounts = if args.mounts.is_empty() {
-        vec![format!(
-            "/local=file://{}",
-            std::env::current_dir()?.display()
-        )]
+        vec![format!("/local=file://{}", std::env::current_dir()?.display())]
     } else {
         args.mounts
     };
     let existing = client.mounts().await?;
     for spec in mounts {
-        let (path, uri) = spec
-            .split_once('=')
-            .with_context(|| format!("--mount {spec:?}: expected /PATH=URI"))?;
+        let (path, uri) =
+            spec.split_once('=').with_context(|| format!("--mount {spec:?}: expected /PATH=URI"))?;
         match existing.iter().find(|m| m.path == path) {
             Some(m) if m.uri == uri => {}
             Some(m) => eprintln!(
@@ -122,10 +110,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     }
     let mounts = client.mounts().await?;
     println!("strata standalone is running");
-    println!(
-        "  master   {}  (metrics and health: http://{}/metrics)",
-        master.rpc_addr, master.http_addr
-    );
+    println!("  master   {}  (metrics and health: http://{}/metrics)", master.rpc_addr, master.http_addr);
     println!(
         "  worker   {}  data plane {}  (http://{}/metrics)",
         worker.worker_id, worker.data_addr, worker.http_addr
@@ -135,10 +120,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         println!("  mount    {} -> {}", m.path, m.uri);
     }
     if let Some(m) = mounts.first() {
-        println!(
-            "try:  strata ls {}    strata cat {}/<file>    strata status",
-            m.path, m.path
-        );
+        println!("try:  strata ls {}    strata cat {}/<file>    strata status", m.path, m.path);
     }
     wait_for_ctrl_c().await?;
     worker.shutdown().await;
@@ -158,10 +140,7 @@ async fn master(args: MasterArgs) -> Result<()> {
         cfg.data_dir = d;
     }
     let handle = Master::start(cfg, Arc::new(OpendalFactory)).await?;
-    println!(
-        "master listening on {} (http {})",
-        handle.rpc_addr, handle.http_addr
-    );
+    println!("master listening on {} (http {})", handle.rpc_addr, handle.http_addr);
     wait_for_ctrl_c().await?;
     handle.shutdown().await;
     Ok(())
@@ -194,10 +173,7 @@ async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
         cfg.nvme_capacity = size("nvme", &n)?;
     }
     let handle = Worker::start(cfg, Arc::new(OpendalFactory)).await?;
-    println!(
-        "worker {} serving data on {} (http {})",
-        handle.worker_id, handle.data_addr, handle.http_addr
-    );
+    println!("worker {} serving data on {} (http {})", handle.worker_id, handle.data_addr, handle.http_addr);
     wait_for_ctrl_c().await?;
     handle.shutdown().await;
     Ok(())
@@ -209,9 +185,8 @@ async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
         MountCommand::Add { path, uri, options } => {
             let mut opts = HashMap::new();
             for o in options {
-                let (k, v) = o
-                    .split_once('=')
-                    .with_context(|| format!("--option {o:?}: expected KEY=VALUE"))?;
+                let (k, v) =
+                    o.split_once('=').with_context(|| format!("--option {o:?}: expected KEY=VALUE"))?;
                 opts.insert(k.to_string(), v.to_string());
             }
             let m = client.add_mount(&path, &uri, opts).await?;
@@ -234,8 +209,7 @@ async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for m in mounts {
-                    let mut opts: Vec<_> =
-                        m.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    let mut opts: Vec<_> = m.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     opts.sort();
                     println!("{}\t{}\t{}", m.path, m.uri, opts.join(","));
                 }
@@ -253,10 +227,7 @@ async fn ls(master: &str, path: &str, as_json: bool) -> Result<()> {
     let client = connect(master).await?;
     let entries = client.list(path).await?;
     if as_json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&entries.iter().map(info_json).collect::<Vec<_>>())?
-        );
+        println!("{}", serde_json::to_string_pretty(&entries.iter().map(info_json).collect::<Vec<_>>())?);
     } else {
         for e in entries {
             let name = e.path.rsplit('/').next().unwrap_or(&e.path);
@@ -277,10 +248,7 @@ async fn stat(master: &str, path: &str, sync: bool, as_json: bool) -> Result<()>
         println!("{}", serde_json::to_string_pretty(&info_json(&f))?);
     } else {
         println!("path:       {}", f.path);
-        println!(
-            "type:       {}",
-            if f.is_dir { "directory" } else { "file" }
-        );
+        println!("type:       {}", if f.is_dir { "directory" } else { "file" });
         if !f.is_dir {
             println!("size:       {}", f.size);
             println!("version:    {}", f.version);
@@ -295,9 +263,7 @@ async fn cat(master: &str, path: &str) -> Result<()> {
     let client = connect(master).await?;
     let mut reader = client.open(path).await?;
     let mut stdout = tokio::io::stdout();
-    tokio::io::copy(&mut reader, &mut stdout)
-        .await
-        .with_context(|| format!("reading {path}"))?;
+    tokio::io::copy(&mut reader, &mut stdout).await.with_context(|| format!("reading {path}"))?;
     stdout.flush().await?;
     Ok(())
 }
@@ -306,20 +272,14 @@ async fn cp(master: &str, path: &str, dest: &Path) -> Result<()> {
     let client = connect(master).await?;
     let mut reader = client.open(path).await?;
     let dest = if dest.is_dir() {
-        dest.join(
-            path.rsplit('/')
-                .next()
-                .filter(|n| !n.is_empty())
-                .context("source has no file name")?,
-        )
+        dest.join(path.rsplit('/').next().filter(|n| !n.is_empty()).context("source has no file name")?)
     } else {
         dest.to_path_buf()
     };
     // Written beside the destination and renamed, so a failed copy never leaves a torn file.
     let tmp = dest.with_extension("strata-partial");
-    let mut file = tokio::fs::File::create(&tmp)
-        .await
-        .with_context(|| format!("creating {}", tmp.display()))?;
+    let mut file =
+        tokio::fs::File::create(&tmp).await.with_context(|| format!("creating {}", tmp.display()))?;
     let copied = tokio::io::copy(&mut reader, &mut file).await;
     let n = match copied {
         Ok(n) => n,
@@ -366,25 +326,15 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
             })
             .collect();
         let mut total = counters(&totals);
-        total
-            .as_object_mut()
-            .expect("object")
-            .insert("blocks".into(), s.blocks.into());
+        total.as_object_mut().expect("object").insert("blocks".into(), s.blocks.into());
         let out = json!({"membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total});
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!(
-        "membership epoch {}  mounts {}  blocks {}",
-        s.membership_epoch, s.mounts, s.blocks
-    );
+    println!("membership epoch {}  mounts {}  blocks {}", s.membership_epoch, s.mounts, s.blocks);
     println!(
         "cache hits {}  misses {}  ufs reads {}  ufs bytes {}  served bytes {}",
-        totals.cache_hits,
-        totals.cache_misses,
-        totals.ufs_reads,
-        totals.ufs_bytes_read,
-        totals.bytes_served
+        totals.cache_hits, totals.cache_misses, totals.ufs_reads, totals.ufs_bytes_read, totals.bytes_served
     );
     for w in &s.workers {
         let c = w.counters.unwrap_or_default();

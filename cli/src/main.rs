@@ -13,12 +13,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "strata", version, about, long_about = None)]
 struct Cli {
     /// The master's gRPC address (host:port).
-    #[arg(
-        long,
-        global = true,
-        env = "STRATA_MASTER",
-        default_value = "127.0.0.1:19998"
-    )]
+    #[arg(long, global = true, env = "STRATA_MASTER", default_value = "127.0.0.1:19998")]
     master: String,
     #[command(subcommand)]
     command: Command,
@@ -154,10 +149,7 @@ enum MountCommand {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let serving = matches!(
-        cli.command,
-        Command::Standalone(_) | Command::Master(_) | Command::Worker(_)
-    );
+    let serving = matches!(cli.command, Command::Standalone(_) | Command::Master(_) | Command::Worker(_));
     let default_filter = if serving { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -166,10 +158,7 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("strata: cannot start the runtime: {e}");

@@ -26,17 +26,13 @@ pub enum ClientError {
 
 impl ClientError {
     pub fn is_temporary(&self) -> bool {
-        matches!(
-            self,
-            ClientError::MasterUnavailable(_) | ClientError::Unavailable(_)
-        ) || matches!(self, ClientError::Remote { kind, .. } if kind.is_temporary())
+        matches!(self, ClientError::MasterUnavailable(_) | ClientError::Unavailable(_))
+            || matches!(self, ClientError::Remote { kind, .. } if kind.is_temporary())
     }
 
     pub(crate) fn from_kind(kind: ErrorKind, message: String) -> Self {
         match kind {
-            ErrorKind::InvalidArgument | ErrorKind::BadFrame => {
-                ClientError::InvalidArgument(message)
-            }
+            ErrorKind::InvalidArgument | ErrorKind::BadFrame => ClientError::InvalidArgument(message),
             ErrorKind::NotFound => ClientError::NotFound(message),
             ErrorKind::IsDirectory => ClientError::IsDirectory(message),
             ErrorKind::AlreadyExists => ClientError::AlreadyExists(message),
@@ -48,10 +44,7 @@ impl ClientError {
     pub(crate) fn from_status(status: tonic::Status, master: &str) -> Self {
         let kind = strata_proto::kind_of(&status);
         if kind == ErrorKind::Unavailable {
-            return ClientError::MasterUnavailable(format!(
-                "master at {master}: {}",
-                status.message()
-            ));
+            return ClientError::MasterUnavailable(format!("master at {master}: {}", status.message()));
         }
         Self::from_kind(kind, status.message().to_string())
     }

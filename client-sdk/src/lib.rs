@@ -116,36 +116,21 @@ pub struct Client {
 impl Client {
     /// Connects to the master (failing fast if it is unreachable) with the TCP transport.
     pub async fn connect(config: ClientConfig) -> Result<Self> {
-        let transport = Arc::new(TcpTransport::new(
-            config.connect_timeout,
-            config.request_timeout,
-        ));
+        let transport = Arc::new(TcpTransport::new(config.connect_timeout, config.request_timeout));
         Self::connect_with_transport(config, transport).await
     }
 
-    pub async fn connect_with_transport(
-        config: ClientConfig,
-        transport: Arc<dyn Transport>,
-    ) -> Result<Self> {
+    pub async fn connect_with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Result<Self> {
         let unavailable = |e: &dyn std::fmt::Display| {
-            ClientError::MasterUnavailable(format!(
-                "cannot reach the master at {}: {e}",
-                config.master_addr
-            ))
+            ClientError::MasterUnavailable(format!("cannot reach the master at {}: {e}", config.master_addr))
         };
         let endpoint = Endpoint::from_shared(format!("http://{}", config.master_addr))
             .map_err(|e| {
-                ClientError::InvalidArgument(format!(
-                    "master address {:?}: {e}",
-                    config.master_addr
-                ))
+                ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr))
             })?
             .connect_timeout(config.connect_timeout)
             .timeout(Duration::from_secs(30));
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| unavailable(&error_chain(&e)))?;
+        let channel = endpoint.connect().await.map_err(|e| unavailable(&error_chain(&e)))?;
         let client = Self {
             inner: Arc::new(Inner {
                 master: MasterClient::new(channel),
@@ -178,52 +163,23 @@ impl Client {
     /// Fetches membership and mounts from the master now.
     pub async fn refresh_view(&self) -> Result<()> {
         let mut master = self.master();
-        let membership = master
-            .get_membership(Empty {})
-            .await
-            .map_err(|s| self.status_err(s))?
-            .into_inner();
-        let mounts = master
-            .list_mounts(Empty {})
-            .await
-            .map_err(|s| self.status_err(s))?
-            .into_inner();
-        let members = membership
-            .workers
-            .into_iter()
-            .map(|w| Member {
-                id: w.id,
-                data_addr: w.data_addr,
-            })
-            .collect();
+        let membership = master.get_membership(Empty {}).await.map_err(|s| self.status_err(s))?.into_inner();
+        let mounts = master.list_mounts(Empty {}).await.map_err(|s| self.status_err(s))?.into_inner();
+        let members =
+            membership.workers.into_iter().map(|w| Member { id: w.id, data_addr: w.data_addr }).collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
-        debug!(
-            epoch = ring.epoch(),
-            workers = ring.members().len(),
-            "membership refreshed"
-        );
-        *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) = View {
-            ring,
-            mounts: mounts.mounts,
-            fetched: Instant::now(),
-        };
+        debug!(epoch = ring.epoch(), workers = ring.members().len(), "membership refreshed");
+        *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) =
+            View { ring, mounts: mounts.mounts, fetched: Instant::now() };
         Ok(())
     }
 
     async fn fresh_view(&self) -> Result<()> {
-        let stale = self
-            .inner
-            .view
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .fetched
-            .elapsed()
+        let stale = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).fetched.elapsed()
             > self.inner.config.membership_refresh;
-        if stale {
-            if let Err(e) = self.refresh_view().await {
-                // Cached reads go on while the master restarts: keep the last view.
-                warn!(err = %e, "cannot refresh membership; using the last one");
-            }
+        if stale && let Err(e) = self.refresh_view().await {
+            // Cached reads go on while the master restarts: keep the last view.
+            warn!(err = %e, "cannot refresh membership; using the last one");
         }
         Ok(())
     }
@@ -231,13 +187,7 @@ impl Client {
     /// The placement ring in use (after refreshing it if it is older than the refresh period).
     pub async fn ring(&self) -> Result<Ring> {
         self.fresh_view().await?;
-        Ok(self
-            .inner
-            .view
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .ring
-            .clone())
+        Ok(self.inner.view.read().unwrap_or_else(|p| p.into_inner()).ring.clone())
     }
 
     fn ttl_for(&self, p: &str) -> Duration {
@@ -253,33 +203,20 @@ impl Client {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         if !sync {
             let ttl = self.ttl_for(&p);
-            if let Some((at, info)) = self
-                .inner
-                .stats
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&p)
+            if let Some((at, info)) = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).get(&p)
+                && at.elapsed() < ttl
             {
-                if at.elapsed() < ttl {
-                    return Ok(info.clone());
-                }
+                return Ok(info.clone());
             }
         }
         let status = self
             .master()
-            .stat(StatRequest {
-                path: p.clone(),
-                sync,
-            })
+            .stat(StatRequest { path: p.clone(), sync })
             .await
             .map_err(|s| self.status_err(s))?
             .into_inner();
         let info = FileInfo::from(status);
-        self.inner
-            .stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(p, (Instant::now(), info.clone()));
+        self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).insert(p, (Instant::now(), info.clone()));
         Ok(info)
     }
 
@@ -290,20 +227,9 @@ impl Client {
     /// Children of a directory (or the file itself).
     pub async fn list(&self, raw: &str) -> Result<Vec<FileInfo>> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        let resp = self
-            .master()
-            .list(ListRequest {
-                path: p,
-                sync: false,
-            })
-            .await
-            .map_err(|s| self.status_err(s))?;
-        Ok(resp
-            .into_inner()
-            .entries
-            .into_iter()
-            .map(FileInfo::from)
-            .collect())
+        let resp =
+            self.master().list(ListRequest { path: p, sync: false }).await.map_err(|s| self.status_err(s))?;
+        Ok(resp.into_inner().entries.into_iter().map(FileInfo::from).collect())
     }
 
     /// `len` bytes from `offset` (fewer at the end of the file, none past it).
@@ -361,8 +287,7 @@ impl Client {
             offset: slice.offset,
             len: slice.len,
         };
-        let hash =
-            BlockKey::new(info.file_id.clone(), info.version.clone(), slice.index).placement_hash();
+        let hash = BlockKey::new(info.file_id.clone(), info.version.clone(), slice.index).placement_hash();
         let mut last_err: Option<TransportError> = None;
         for round in 0..2 {
             if round == 1 {
@@ -371,21 +296,10 @@ impl Client {
             }
             let ring = self.ring().await?;
             if ring.is_empty() {
-                return Err(ClientError::Unavailable(
-                    "no live workers in the cluster".into(),
-                ));
+                return Err(ClientError::Unavailable("no live workers in the cluster".into()));
             }
-            for (attempt, owner) in ring
-                .owners(hash, ring.members().len())
-                .into_iter()
-                .enumerate()
-            {
-                match self
-                    .inner
-                    .transport
-                    .read_block(&owner.data_addr, &req)
-                    .await
-                {
+            for (attempt, owner) in ring.owners(hash, ring.members().len()).into_iter().enumerate() {
+                match self.inner.transport.read_block(&owner.data_addr, &req).await {
                     Ok((bytes, _source)) => {
                         if attempt > 0 || round > 0 {
                             metrics::counter!(METRIC_FAILOVERS).increment(1);
@@ -403,10 +317,7 @@ impl Client {
                 }
             }
         }
-        Err(ClientError::Unavailable(last_err.map_or_else(
-            || "no worker answered".into(),
-            |e| e.to_string(),
-        )))
+        Err(ClientError::Unavailable(last_err.map_or_else(|| "no worker answered".into(), |e| e.to_string())))
     }
 
     /// A streaming reader of one version of the file, with sequential readahead.
@@ -420,23 +331,11 @@ impl Client {
 
     pub(crate) async fn read_block_of(&self, info: &FileInfo, index: u64) -> Result<Bytes> {
         let len = strata_common::block::block_len(info.size, info.block_size, index);
-        self.read_slice(
-            info,
-            BlockSlice {
-                index,
-                offset: 0,
-                len,
-            },
-        )
-        .await
+        self.read_slice(info, BlockSlice { index, offset: 0, len }).await
     }
 
     pub async fn mounts(&self) -> Result<Vec<MountInfo>> {
-        let resp = self
-            .master()
-            .list_mounts(Empty {})
-            .await
-            .map_err(|s| self.status_err(s))?;
+        let resp = self.master().list_mounts(Empty {}).await.map_err(|s| self.status_err(s))?;
         Ok(resp.into_inner().mounts)
     }
 
@@ -446,56 +345,29 @@ impl Client {
         uri: &str,
         options: HashMap<String, String>,
     ) -> Result<MountInfo> {
-        let req = AddMountRequest {
-            path: path.to_string(),
-            uri: uri.to_string(),
-            options,
-        };
-        let info = self
-            .master()
-            .add_mount(req)
-            .await
-            .map_err(|s| self.status_err(s))?
-            .into_inner();
+        let req = AddMountRequest { path: path.to_string(), uri: uri.to_string(), options };
+        let info = self.master().add_mount(req).await.map_err(|s| self.status_err(s))?.into_inner();
         self.refresh_view().await?;
         Ok(info)
     }
 
     pub async fn remove_mount(&self, path: &str) -> Result<()> {
         self.master()
-            .remove_mount(RemoveMountRequest {
-                path: path.to_string(),
-            })
+            .remove_mount(RemoveMountRequest { path: path.to_string() })
             .await
             .map_err(|s| self.status_err(s))?;
-        self.inner
-            .stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.refresh_view().await
     }
 
     pub async fn status(&self) -> Result<ClusterStatus> {
-        Ok(self
-            .master()
-            .status(Empty {})
-            .await
-            .map_err(|s| self.status_err(s))?
-            .into_inner())
+        Ok(self.master().status(Empty {}).await.map_err(|s| self.status_err(s))?.into_inner())
     }
 
     /// Which workers hold which blocks of a file (from the master's block map).
     pub async fn block_locations(&self, path: &str) -> Result<strata_proto::BlockLocations> {
-        let req = strata_proto::BlockLocationsRequest {
-            path: path.to_string(),
-        };
-        Ok(self
-            .master()
-            .get_block_locations(req)
-            .await
-            .map_err(|s| self.status_err(s))?
-            .into_inner())
+        let req = strata_proto::BlockLocationsRequest { path: path.to_string() };
+        Ok(self.master().get_block_locations(req).await.map_err(|s| self.status_err(s))?.into_inner())
     }
 }
 

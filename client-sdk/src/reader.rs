@@ -25,14 +25,7 @@ pub struct StrataReader {
 
 impl StrataReader {
     pub(crate) fn new(client: Client, info: FileInfo) -> Self {
-        Self {
-            client,
-            info,
-            pos: 0,
-            current: None,
-            pending: VecDeque::new(),
-            last_index: None,
-        }
+        Self { client, info, pos: 0, current: None, pending: VecDeque::new(), last_index: None }
     }
 
     /// The file (and version) this reader is pinned to.
@@ -62,11 +55,7 @@ impl StrataReader {
             }
         }
         let sequential = self.last_index.is_some_and(|last| last + 1 == index);
-        let window = if sequential {
-            1 + self.client.config().readahead_blocks as u64
-        } else {
-            1
-        };
+        let window = if sequential { 1 + self.client.config().readahead_blocks as u64 } else { 1 };
         let end = (index + window).min(self.block_count());
         let mut next = self.pending.back().map_or(index, |(i, _)| i + 1);
         while next < end {
@@ -97,20 +86,17 @@ impl AsyncRead for StrataReader {
                 return Poll::Ready(Ok(()));
             }
             let index = this.pos / this.info.block_size;
-            if let Some((cur, bytes)) = &this.current {
-                if *cur == index {
-                    let start = (this.pos - index * this.info.block_size) as usize;
-                    let n = (bytes.len() - start).min(buf.remaining());
-                    buf.put_slice(&bytes[start..start + n]);
-                    this.pos += n as u64;
-                    return Poll::Ready(Ok(()));
-                }
+            if let Some((cur, bytes)) = &this.current
+                && *cur == index
+            {
+                let start = (this.pos - index * this.info.block_size) as usize;
+                let n = (bytes.len() - start).min(buf.remaining());
+                buf.put_slice(&bytes[start..start + n]);
+                this.pos += n as u64;
+                return Poll::Ready(Ok(()));
             }
             this.schedule(index);
-            let (_, task) = this
-                .pending
-                .front_mut()
-                .expect("schedule queued the needed block");
+            let (_, task) = this.pending.front_mut().expect("schedule queued the needed block");
             let fetched = ready!(Pin::new(task).poll(cx));
             this.pending.pop_front();
             let bytes = match fetched {
@@ -132,10 +118,7 @@ impl AsyncSeek for StrataReader {
             SeekFrom::Current(d) => self.pos.checked_add_signed(d),
         };
         self.pos = target.ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "seek before the start of the file",
-            )
+            io::Error::new(io::ErrorKind::InvalidInput, "seek before the start of the file")
         })?;
         Ok(())
     }

@@ -19,25 +19,15 @@ use tokio::net::TcpStream;
 #[non_exhaustive]
 pub enum TransportError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
+    Connect { addr: String, source: std::io::Error },
     #[error("connection to {addr} failed: {source}")]
-    Io {
-        addr: String,
-        source: std::io::Error,
-    },
+    Io { addr: String, source: std::io::Error },
     #[error("{addr} timed out")]
     Timeout { addr: String },
     #[error("{addr} sent a malformed response: {reason}")]
     Protocol { addr: String, reason: String },
     #[error("{addr} answered {kind}: {message}")]
-    Remote {
-        addr: String,
-        kind: ErrorKind,
-        message: String,
-    },
+    Remote { addr: String, kind: ErrorKind, message: String },
 }
 
 impl TransportError {
@@ -53,11 +43,8 @@ impl TransportError {
 #[async_trait]
 pub trait Transport: Send + Sync + 'static {
     /// Reads `req.len` bytes of one block from the worker at `addr`.
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError>;
+    async fn read_block(&self, addr: &str, req: &ReadBlockRequest)
+    -> Result<(Bytes, Source), TransportError>;
 }
 
 /// Framed TCP with a small pool of idle connections per worker.
@@ -81,31 +68,19 @@ impl TcpTransport {
     }
 
     async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
-        if let Some(stream) = self
-            .idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(addr)
-            .and_then(Vec::pop)
+        if let Some(stream) =
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop)
         {
             return Ok(stream);
         }
         let connect = TcpStream::connect(addr);
         let stream = tokio::time::timeout(self.connect_timeout, connect)
             .await
-            .map_err(|_| TransportError::Timeout {
-                addr: addr.to_string(),
-            })?
-            .map_err(|source| TransportError::Connect {
-                addr: addr.to_string(),
-                source,
-            })?;
+            .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
+            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
         stream
             .set_nodelay(true)
-            .map_err(|source| TransportError::Connect {
-                addr: addr.to_string(),
-                source,
-            })?;
+            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
         Ok(stream)
     }
 
@@ -123,22 +98,15 @@ impl TcpTransport {
         addr: &str,
         req: &ReadBlockRequest,
     ) -> Result<(Bytes, Source), TransportError> {
-        let io = |source| TransportError::Io {
-            addr: addr.to_string(),
-            source,
-        };
+        let io = |source| TransportError::Io { addr: addr.to_string(), source };
         stream.write_all(&req.encode()).await.map_err(io)?;
         let mut head = [0u8; RESPONSE_HEADER_LEN];
         stream.read_exact(&mut head).await.map_err(io)?;
-        let head = ResponseHeader::decode(&head).map_err(|e| TransportError::Protocol {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
+        let head = ResponseHeader::decode(&head)
+            .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
         let expected = match head.status {
             Ok(_) => req.len,
-            Err(_) => head
-                .payload_len
-                .min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
+            Err(_) => head.payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
         };
         if head.req_id != req.req_id || head.payload_len != expected {
             return Err(TransportError::Protocol {
@@ -172,14 +140,9 @@ impl Transport for TcpTransport {
         let mut req = req.clone();
         req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
         let mut stream = self.checkout(addr).await?;
-        let result =
-            tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, addr, &req))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(TransportError::Timeout {
-                        addr: addr.to_string(),
-                    })
-                });
+        let result = tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, addr, &req))
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
         // Only a connection that completed a whole exchange is known to be in sync.
         if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
             self.checkin(addr, stream);
@@ -199,11 +162,7 @@ pub struct FaultyTransport {
 
 impl FaultyTransport {
     pub fn new(inner: Arc<dyn Transport>) -> Self {
-        Self {
-            inner,
-            down: Mutex::new(Vec::new()),
-            fail_next: AtomicU64::new(0),
-        }
+        Self { inner, down: Mutex::new(Vec::new()), fail_next: AtomicU64::new(0) }
     }
 }
 
@@ -218,20 +177,10 @@ impl Transport for FaultyTransport {
             addr: addr.to_string(),
             source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
         };
-        if self
-            .down
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|a| a == addr)
-        {
+        if self.down.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|a| a == addr) {
             return Err(refused());
         }
-        if self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(refused());
         }
         self.inner.read_block(addr, req).await

@@ -19,11 +19,7 @@ pub struct BlockKey {
 
 impl BlockKey {
     pub fn new(file: impl Into<String>, version: impl Into<String>, index: u64) -> Self {
-        Self {
-            file: file.into(),
-            version: version.into(),
-            index,
-        }
+        Self { file: file.into(), version: version.into(), index }
     }
 
     /// Stable encoding used for hashing and in on-disk headers:
@@ -51,14 +47,7 @@ impl BlockKey {
         let version_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
         let version = std::str::from_utf8(take(version_len)?).ok()?.to_string();
         let index = u64::from_le_bytes(take(8)?.try_into().ok()?);
-        Some((
-            Self {
-                file,
-                version,
-                index,
-            },
-            pos,
-        ))
+        Some((Self { file, version, index }, pos))
     }
 
     /// 64-bit placement hash (stable across processes, platforms and releases).
@@ -84,12 +73,7 @@ impl fmt::Display for BlockKey {
 /// share blocks only when their block sizes agree. The size is the digits after the last
 /// `#bs`, so the string is unambiguous whatever the path contains.
 pub fn file_identity(ufs_uri: &str, rel_path: &str, block_size: u64) -> String {
-    format!(
-        "{}/{}#bs{}",
-        ufs_uri.trim_end_matches('/'),
-        rel_path,
-        block_size
-    )
+    format!("{}/{}#bs{}", ufs_uri.trim_end_matches('/'), rel_path, block_size)
 }
 
 /// One block's share of a byte range.
@@ -122,11 +106,7 @@ pub fn block_slices(file_size: u64, block_size: u64, offset: u64, len: u64) -> V
         let index = pos / block_size;
         let in_block = pos % block_size;
         let take = (block_size - in_block).min(end - pos);
-        out.push(BlockSlice {
-            index,
-            offset: in_block,
-            len: take,
-        });
+        out.push(BlockSlice { index, offset: in_block, len: take });
         pos += take;
     }
     out
@@ -145,19 +125,13 @@ mod tests {
         assert_eq!(dec, key);
         assert_eq!(used, enc.len());
         assert!(BlockKey::decode(&enc[..enc.len() - 1]).is_none());
-        assert_ne!(
-            key.storage_id(),
-            BlockKey::new("file:///tmp/a b/ü", "m124-s9", 7).storage_id()
-        );
+        assert_ne!(key.storage_id(), BlockKey::new("file:///tmp/a b/ü", "m124-s9", 7).storage_id());
     }
 
     #[test]
     fn identity_depends_on_block_size() {
         assert_eq!(file_identity("s3://b/p/", "x#bs1", 2), "s3://b/p/x#bs1#bs2");
-        assert_ne!(
-            file_identity("s3://b", "x", 1 << 20),
-            file_identity("s3://b", "x", 4 << 20)
-        );
+        assert_ne!(file_identity("s3://b", "x", 1 << 20), file_identity("s3://b", "x", 4 << 20));
     }
 
     #[test]

@@ -31,10 +31,7 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Whether the same request may succeed if sent again (to this or another server).
     pub fn is_temporary(self) -> bool {
-        matches!(
-            self,
-            ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::Internal
-        )
+        matches!(self, ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::Internal)
     }
 
     pub fn from_u8(code: u8) -> Option<Self> {

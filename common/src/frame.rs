@@ -94,14 +94,7 @@ impl ReadBlockRequest {
         out.extend_from_slice(&REQUEST_MAGIC);
         out.extend_from_slice(&[Op::ReadBlock as u8, 0, 0, 0]);
         out.extend_from_slice(&(body_len as u32).to_le_bytes());
-        for v in [
-            self.req_id,
-            self.file_size,
-            self.block_size,
-            self.block_index,
-            self.offset,
-            self.len,
-        ] {
+        for v in [self.req_id, self.file_size, self.block_size, self.block_index, self.offset, self.len] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&(self.path.len() as u16).to_le_bytes());
@@ -124,16 +117,7 @@ impl ReadBlockRequest {
         if r.pos != body.len() {
             return Err(FrameError::Malformed);
         }
-        Ok(Self {
-            req_id,
-            path,
-            version,
-            file_size,
-            block_size,
-            block_index,
-            offset,
-            len,
-        })
+        Ok(Self { req_id, path, version, file_size, block_size, block_index, offset, len })
     }
 }
 
@@ -206,9 +190,7 @@ impl Reader<'_> {
         Ok(s)
     }
     fn u64(&mut self) -> Result<u64, FrameError> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     fn string(&mut self) -> Result<String, FrameError> {
         let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")) as usize;
@@ -242,39 +224,26 @@ mod tests {
         let (op, len) = decode_request_header(&header).unwrap();
         assert_eq!(op, Op::ReadBlock);
         assert_eq!(len, enc.len() - REQUEST_HEADER_LEN);
-        assert_eq!(
-            ReadBlockRequest::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(),
-            sample()
-        );
+        assert_eq!(ReadBlockRequest::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(), sample());
     }
 
     #[test]
     fn bad_headers_are_rejected() {
         let mut h = [0u8; REQUEST_HEADER_LEN];
         h[..4].copy_from_slice(b"GET ");
-        assert!(matches!(
-            decode_request_header(&h),
-            Err(FrameError::BadMagic(_))
-        ));
+        assert!(matches!(decode_request_header(&h), Err(FrameError::BadMagic(_))));
         h[..4].copy_from_slice(&REQUEST_MAGIC);
         h[4] = 77;
         assert_eq!(decode_request_header(&h), Err(FrameError::UnknownOp(77)));
         h[4] = 1;
         h[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            decode_request_header(&h),
-            Err(FrameError::BodyTooLarge(_))
-        ));
+        assert!(matches!(decode_request_header(&h), Err(FrameError::BodyTooLarge(_))));
     }
 
     #[test]
     fn response_header_round_trips() {
         for status in [Ok(Source::Nvme), Err(ErrorKind::VersionChanged)] {
-            let h = ResponseHeader {
-                status,
-                req_id: 5,
-                payload_len: 77,
-            };
+            let h = ResponseHeader { status, req_id: 5, payload_len: 77 };
             assert_eq!(ResponseHeader::decode(&h.encode()).unwrap(), h);
         }
     }

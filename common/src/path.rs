@@ -59,11 +59,7 @@ pub fn strip_mount<'a>(mount: &str, path: &'a str) -> Option<&'a str> {
         return Some(path.trim_start_matches('/'));
     }
     let rest = path.strip_prefix(mount)?;
-    if rest.is_empty() {
-        Some("")
-    } else {
-        rest.strip_prefix('/')
-    }
+    if rest.is_empty() { Some("") } else { rest.strip_prefix('/') }
 }
 
 /// The entry of a mount map (mount point → anything) holding a normalised path, and the path
@@ -74,20 +70,14 @@ pub fn resolve_mount<'m, T>(
     path: &str,
 ) -> Option<(&'m str, &'m T, String)> {
     use std::ops::Bound;
-    let (point, value) = mounts
-        .range::<str, _>((Bound::Unbounded, Bound::Included(path)))
-        .next_back()?;
+    let (point, value) = mounts.range::<str, _>((Bound::Unbounded, Bound::Included(path))).next_back()?;
     let rel = strip_mount(point, path)?;
     Some((point.as_str(), value, rel.to_string()))
 }
 
 /// Joins a normalised directory and a child name.
 pub fn join(dir: &str, name: &str) -> String {
-    if dir == "/" {
-        format!("/{name}")
-    } else {
-        format!("{dir}/{name}")
-    }
+    if dir == "/" { format!("/{name}") } else { format!("{dir}/{name}") }
 }
 
 #[cfg(test)]
@@ -100,20 +90,11 @@ mod tests {
         assert_eq!(normalize("/").unwrap(), "/");
         assert_eq!(normalize("//").unwrap(), "/");
         assert_eq!(normalize("a/b"), Err(PathError::NotAbsolute("a/b".into())));
-        assert_eq!(
-            normalize("/a/../b"),
-            Err(PathError::DotComponent("/a/../b".into()))
-        );
-        assert_eq!(
-            normalize("/a/./b"),
-            Err(PathError::DotComponent("/a/./b".into()))
-        );
+        assert_eq!(normalize("/a/../b"), Err(PathError::DotComponent("/a/../b".into())));
+        assert_eq!(normalize("/a/./b"), Err(PathError::DotComponent("/a/./b".into())));
         assert_eq!(normalize(""), Err(PathError::Empty));
         assert!(matches!(normalize("/a\0"), Err(PathError::BadCharacter(_))));
-        assert_eq!(
-            normalize(&format!("/{}", "x".repeat(MAX_PATH_LEN))),
-            Err(PathError::TooLong)
-        );
+        assert_eq!(normalize(&format!("/{}", "x".repeat(MAX_PATH_LEN))), Err(PathError::TooLong));
         // Names that merely contain dots are fine.
         assert_eq!(normalize("/a/..b/c.").unwrap(), "/a/..b/c.");
     }

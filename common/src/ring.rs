@@ -35,11 +35,7 @@ impl Ring {
             }
         }
         points.sort_unstable();
-        Self {
-            epoch,
-            members,
-            points,
-        }
+        Self { epoch, members, points }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -86,12 +82,7 @@ mod tests {
     use super::*;
 
     fn members(n: usize) -> Vec<Member> {
-        (0..n)
-            .map(|i| Member {
-                id: format!("w{i}"),
-                data_addr: format!("127.0.0.1:{}", 1000 + i),
-            })
-            .collect()
+        (0..n).map(|i| Member { id: format!("w{i}"), data_addr: format!("127.0.0.1:{}", 1000 + i) }).collect()
     }
 
     #[test]
@@ -129,9 +120,6 @@ mod tests {
         }
         assert_eq!(moved, owned_by_leaver);
         // Even spread: each of 4 workers owns roughly a quarter.
-        assert!(
-            (3_500..6_500).contains(&owned_by_leaver),
-            "{owned_by_leaver}"
-        );
+        assert!((3_500..6_500).contains(&owned_by_leaver), "{owned_by_leaver}");
     }
 }

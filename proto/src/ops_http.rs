@@ -31,25 +31,20 @@ pub fn metrics_handle() -> PrometheusHandle {
 pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Binds `addr` and serves `/metrics` and `/health` until the task is aborted.
-pub async fn serve(
-    addr: SocketAddr,
-    health: HealthCheck,
-) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+pub async fn serve(addr: SocketAddr, health: HealthCheck) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let handle = metrics_handle();
-    let app = Router::new()
-        .route("/metrics", get(move || std::future::ready(handle.render())))
-        .route(
-            "/health",
-            get(move || {
-                let answer = match health() {
-                    Ok(()) => (StatusCode::OK, "ok\n".to_string()),
-                    Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
-                };
-                std::future::ready(answer)
-            }),
-        );
+    let app = Router::new().route("/metrics", get(move || std::future::ready(handle.render()))).route(
+        "/health",
+        get(move || {
+            let answer = match health() {
+                Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+            };
+            std::future::ready(answer)
+        }),
+    );
     let task = tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::warn!(?err, "ops http server stopped");

@@ -36,10 +36,7 @@ impl Default for ClusterOptions {
             heartbeat_interval_ms: 100,
             memory_capacity: 256 << 20,
             nvme_capacity: 1 << 30,
-            mount_options: vec![
-                ("block_size".into(), "1MiB".into()),
-                ("metadata_ttl".into(), "60s".into()),
-            ],
+            mount_options: vec![("block_size".into(), "1MiB".into()), ("metadata_ttl".into(), "60s".into())],
         }
     }
 }
@@ -68,9 +65,7 @@ impl Cluster {
             heartbeat_interval_ms: opts.heartbeat_interval_ms,
             ..MasterConfig::default()
         };
-        let master = Master::start(master_config.clone(), factory.clone())
-            .await
-            .expect("master starts");
+        let master = Master::start(master_config.clone(), factory.clone()).await.expect("master starts");
         // Restarts come back on the same port, as a real master would.
         master_config.rpc_addr = master.rpc_addr;
         let worker_configs = (0..opts.workers)
@@ -100,10 +95,7 @@ impl Cluster {
         cluster.wait_for_live_workers(opts.workers).await;
         let client = cluster.client().await;
         let options: HashMap<String, String> = opts.mount_options.into_iter().collect();
-        client
-            .add_mount("/data", &cluster.ufs_uri(), options)
-            .await
-            .expect("mount /data");
+        client.add_mount("/data", &cluster.ufs_uri(), options).await.expect("mount /data");
         cluster
     }
 
@@ -116,9 +108,7 @@ impl Cluster {
     }
 
     async fn spawn_worker(&self, i: usize) -> WorkerHandle {
-        Worker::start(self.worker_configs[i].clone(), self.factory.clone())
-            .await
-            .expect("worker starts")
+        Worker::start(self.worker_configs[i].clone(), self.factory.clone()).await.expect("worker starts")
     }
 
     pub fn master_addr(&self) -> String {
@@ -133,9 +123,7 @@ impl Cluster {
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect(self.client_config())
-            .await
-            .expect("client connects")
+        Client::connect(self.client_config()).await.expect("client connects")
     }
 
     /// Writes a file into the UFS (relative to the `/data` mount).
@@ -222,17 +210,13 @@ impl Cluster {
     pub async fn wait_for_live_workers(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(client) = Client::connect(self.client_config()).await {
-                if let Ok(status) = client.status().await {
-                    if status.workers.iter().filter(|w| w.live).count() == n {
-                        return;
-                    }
-                }
+            if let Ok(client) = Client::connect(self.client_config()).await
+                && let Ok(status) = client.status().await
+                && status.workers.iter().filter(|w| w.live).count() == n
+            {
+                return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {n} live workers"
-            );
+            assert!(Instant::now() < deadline, "timed out waiting for {n} live workers");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

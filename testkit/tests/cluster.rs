@@ -10,11 +10,7 @@ use strata_testkit::{Cluster, ClusterOptions, pattern};
 const MIB: usize = 1 << 20;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
 }
 
 #[test]
@@ -39,33 +35,22 @@ fn random_ranges_read_through_the_cluster_equal_the_source() {
         assert_eq!(got.len(), data.len(), "{path}");
         assert!(got[..] == data[..], "{path} differs");
     }
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 200,
-        ..ProptestConfig::default()
-    });
+    let mut runner =
+        proptest::test_runner::TestRunner::new(ProptestConfig { cases: 200, ..ProptestConfig::default() });
     runner
-        .run(
-            &(0usize..files.len(), any::<u64>(), any::<u64>()),
-            |(f, a, b)| {
-                let (path, data) = &files[f];
-                let size = data.len() as u64;
-                // Offsets up to a block past the end, lengths up to 3 blocks.
-                let offset = a % (size + MIB as u64 + 1);
-                let len = b % (3 * MIB as u64 + 2);
-                let got = rt.block_on(client.read_range(path, offset, len)).unwrap();
-                let start = (offset as usize).min(data.len());
-                let end = (offset.saturating_add(len) as usize).min(data.len());
-                prop_assert_eq!(got.len(), end - start);
-                prop_assert!(
-                    got[..] == data[start..end],
-                    "{} [{}+{}] differs",
-                    path,
-                    offset,
-                    len
-                );
-                Ok(())
-            },
-        )
+        .run(&(0usize..files.len(), any::<u64>(), any::<u64>()), |(f, a, b)| {
+            let (path, data) = &files[f];
+            let size = data.len() as u64;
+            // Offsets up to a block past the end, lengths up to 3 blocks.
+            let offset = a % (size + MIB as u64 + 1);
+            let len = b % (3 * MIB as u64 + 2);
+            let got = rt.block_on(client.read_range(path, offset, len)).unwrap();
+            let start = (offset as usize).min(data.len());
+            let end = (offset.saturating_add(len) as usize).min(data.len());
+            prop_assert_eq!(got.len(), end - start);
+            prop_assert!(got[..] == data[start..end], "{} [{}+{}] differs", path, offset, len);
+            Ok(())
+        })
         .unwrap();
 }
 
@@ -81,18 +66,11 @@ async fn second_read_is_served_from_the_tiers() {
     for _ in 0..3 {
         assert_eq!(client.read_all("/data/warm.bin").await.unwrap(), data);
         assert_eq!(
-            client
-                .read_range("/data/warm.bin", 5 * MIB as u64 - 3, 7)
-                .await
-                .unwrap(),
+            client.read_range("/data/warm.bin", 5 * MIB as u64 - 3, 7).await.unwrap(),
             data[5 * MIB - 3..5 * MIB + 4]
         );
     }
-    assert_eq!(
-        cluster.ufs_reads(),
-        after_first,
-        "warm reads must not touch the UFS"
-    );
+    assert_eq!(cluster.ufs_reads(), after_first, "warm reads must not touch the UFS");
 
     // The master's status sums the workers' counters (reported by heartbeat).
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -113,10 +91,7 @@ async fn concurrent_cold_readers_fetch_each_block_once() {
     let data = pattern(20 * MIB + 5, 11);
     cluster.write_file("hot.bin", &data);
     // Slow UFS reads widen the window in which the 32 readers overlap.
-    cluster
-        .faults()
-        .read_delay_ms
-        .store(50, std::sync::atomic::Ordering::SeqCst);
+    cluster.faults().read_delay_ms.store(50, std::sync::atomic::Ordering::SeqCst);
     let client = cluster.client().await;
     let tasks: Vec<_> = (0..32)
         .map(|_| {
@@ -132,10 +107,7 @@ async fn concurrent_cold_readers_fetch_each_block_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restarted_workers_serve_their_nvme_blocks_without_the_ufs() {
-    let opts = ClusterOptions {
-        memory_capacity: 4 * MIB as u64,
-        ..ClusterOptions::default()
-    };
+    let opts = ClusterOptions { memory_capacity: 4 * MIB as u64, ..ClusterOptions::default() };
     let mut cluster = Cluster::start(opts).await;
     let data = pattern(12 * MIB, 3);
     cluster.write_file("persist.bin", &data);
@@ -143,25 +115,15 @@ async fn restarted_workers_serve_their_nvme_blocks_without_the_ufs() {
     assert_eq!(client.read_all("/data/persist.bin").await.unwrap(), data);
     cluster.flush().await;
     let before = cluster.ufs_reads();
-    let ids: Vec<String> = (0..3)
-        .map(|i| cluster.worker(i).worker_id.clone())
-        .collect();
-    for i in 0..3 {
+    let ids: Vec<String> = (0..3).map(|i| cluster.worker(i).worker_id.clone()).collect();
+    for (i, id) in ids.iter().enumerate() {
         cluster.restart_worker(i).await;
-        assert_eq!(
-            cluster.worker(i).worker_id,
-            ids[i],
-            "a restarted worker keeps its id"
-        );
+        assert_eq!(&cluster.worker(i).worker_id, id, "a restarted worker keeps its id");
     }
     cluster.wait_for_live_workers(3).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // clients pick up the new ports
     assert_eq!(client.read_all("/data/persist.bin").await.unwrap(), data);
-    assert_eq!(
-        cluster.ufs_reads(),
-        before,
-        "restarted workers served from NVMe"
-    );
+    assert_eq!(cluster.ufs_reads(), before, "restarted workers served from NVMe");
 }
 
 fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -182,10 +144,7 @@ fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corrupted_nvme_block_is_detected_and_refetched() {
-    let opts = ClusterOptions {
-        workers: 1,
-        ..ClusterOptions::default()
-    };
+    let opts = ClusterOptions { workers: 1, ..ClusterOptions::default() };
     let mut cluster = Cluster::start(opts).await;
     let data = pattern(MIB / 2, 5);
     cluster.write_file("c.bin", &data);
@@ -203,16 +162,8 @@ async fn a_corrupted_nvme_block_is_detected_and_refetched() {
     cluster.wait_for_live_workers(1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = cluster.ufs_reads();
-    assert_eq!(
-        client.read_all("/data/c.bin").await.unwrap(),
-        data,
-        "corrupt bytes are never served"
-    );
-    assert_eq!(
-        cluster.ufs_reads(),
-        before + 1,
-        "the corrupt block was fetched again"
-    );
+    assert_eq!(client.read_all("/data/c.bin").await.unwrap(), data, "corrupt bytes are never served");
+    assert_eq!(cluster.ufs_reads(), before + 1, "the corrupt block was fetched again");
     assert_eq!(cluster.worker(0).store.counters().corrupt_blocks, 1);
 }
 
@@ -221,10 +172,7 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
     let mut cluster = Cluster::start(ClusterOptions::default()).await;
     let data = std::sync::Arc::new(pattern(24 * MIB, 9));
     cluster.write_file("big.bin", &data);
-    cluster
-        .faults()
-        .read_delay_ms
-        .store(30, std::sync::atomic::Ordering::SeqCst);
+    cluster.faults().read_delay_ms.store(30, std::sync::atomic::Ordering::SeqCst);
     let client = cluster.client().await;
     let readers: Vec<_> = (0..4)
         .map(|i| {
@@ -233,10 +181,7 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
             tokio::spawn(async move {
                 for round in 0..6u64 {
                     let off = (i * 3 + round) * 1_000_003 % (20 * MIB as u64);
-                    let got = client
-                        .read_range("/data/big.bin", off, 3 * MIB as u64)
-                        .await
-                        .unwrap();
+                    let got = client.read_range("/data/big.bin", off, 3 * MIB as u64).await.unwrap();
                     assert!(
                         got[..] == data[off as usize..off as usize + 3 * MIB],
                         "reader {i} round {round}"
@@ -259,10 +204,7 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
     assert_eq!(ring.members().len(), 2);
     let status = client.status().await.unwrap();
     assert!(status.workers.iter().any(|w| w.id == victim && !w.live));
-    assert_eq!(
-        client.read_all("/data/big.bin").await.unwrap()[..],
-        data[..]
-    );
+    assert_eq!(client.read_all("/data/big.bin").await.unwrap()[..], data[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -272,10 +214,7 @@ async fn a_restarted_master_keeps_mounts_and_reads_continue() {
     cluster.write_file("m.bin", &data);
     let client = cluster.client().await;
     let same_blocks = [("block_size".to_string(), "1MiB".to_string())].into();
-    client
-        .add_mount("/second", &cluster.ufs_uri(), same_blocks)
-        .await
-        .unwrap();
+    client.add_mount("/second", &cluster.ufs_uri(), same_blocks).await.unwrap();
     assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
 
     cluster.stop_master().await;
@@ -283,15 +222,8 @@ async fn a_restarted_master_keeps_mounts_and_reads_continue() {
     assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
 
     cluster.start_master().await;
-    let mounts: Vec<String> = cluster
-        .client()
-        .await
-        .mounts()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| m.path)
-        .collect();
+    let mounts: Vec<String> =
+        cluster.client().await.mounts().await.unwrap().into_iter().map(|m| m.path).collect();
     assert_eq!(mounts, vec!["/data".to_string(), "/second".to_string()]);
     cluster.wait_for_live_workers(3).await;
     // Workers re-report their blocks after re-registering.
@@ -301,26 +233,18 @@ async fn a_restarted_master_keeps_mounts_and_reads_continue() {
         if status.blocks >= 3 {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "blocks were not re-reported"
-        );
+        assert!(std::time::Instant::now() < deadline, "blocks were not re-reported");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let before = cluster.ufs_reads();
     assert_eq!(client.read_all("/second/m.bin").await.unwrap(), data);
     assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
-    assert_eq!(
-        cluster.ufs_reads(),
-        before,
-        "both mounts share the cached blocks of one UFS object"
-    );
+    assert_eq!(cluster.ufs_reads(), before, "both mounts share the cached blocks of one UFS object");
 }
 
 fn set_mtime(path: &std::path::Path, secs_from_epoch: u64) {
     let f = std::fs::File::options().write(true).open(path).unwrap();
-    f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(secs_from_epoch))
-        .unwrap();
+    f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(secs_from_epoch)).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -350,10 +274,7 @@ async fn a_changed_file_is_read_whole_in_its_new_version() {
     set_mtime(&path, 2_000_000);
     // Within the TTL the old version may still be served, but only whole.
     let within = client.read_all("/fresh/v.bin").await.unwrap();
-    assert!(
-        within[..] == v1[..] || within[..] == v2[..],
-        "a read mixed versions"
-    );
+    assert!(within[..] == v1[..] || within[..] == v2[..], "a read mixed versions");
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(client.read_all("/fresh/v.bin").await.unwrap(), v2);
 
@@ -363,10 +284,7 @@ async fn a_changed_file_is_read_whole_in_its_new_version() {
     let v3 = pattern(2 * MIB, 3);
     let path = cluster.write_file("w.bin", &v1);
     set_mtime(&path, 1_000_000);
-    assert_eq!(
-        client.read_range("/fresh/w.bin", 0, 10).await.unwrap(),
-        v1[..10]
-    );
+    assert_eq!(client.read_range("/fresh/w.bin", 0, 10).await.unwrap(), v1[..10]);
     std::fs::write(&path, &v3).unwrap();
     set_mtime(&path, 3_000_000);
     let got = client.read_all("/fresh/w.bin").await.unwrap();
@@ -375,62 +293,29 @@ async fn a_changed_file_is_read_whole_in_its_new_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_paths_and_lengths_get_clear_errors() {
-    let cluster = Cluster::start(ClusterOptions {
-        workers: 1,
-        ..ClusterOptions::default()
-    })
-    .await;
+    let cluster = Cluster::start(ClusterOptions { workers: 1, ..ClusterOptions::default() }).await;
     let data = pattern(1000, 4);
     cluster.write_file("small.bin", &data);
     let client = cluster.client().await;
-    for bad in [
-        "/data/../etc/passwd",
-        "data/small.bin",
-        "",
-        "/data/./small.bin",
-    ] {
+    for bad in ["/data/../etc/passwd", "data/small.bin", "", "/data/./small.bin"] {
         let e = client.read_all(bad).await.unwrap_err();
         assert!(matches!(e, ClientError::InvalidArgument(_)), "{bad:?}: {e}");
     }
     let e = client.read_all("/nomount/x").await.unwrap_err();
-    assert!(
-        matches!(&e, ClientError::NotFound(m) if m.contains("not under any mount")),
-        "{e}"
-    );
+    assert!(matches!(&e, ClientError::NotFound(m) if m.contains("not under any mount")), "{e}");
     let e = client.read_all("/data/missing.bin").await.unwrap_err();
     assert!(matches!(e, ClientError::NotFound(_)), "{e}");
     let e = client.read_all("/data").await.unwrap_err();
     assert!(matches!(e, ClientError::IsDirectory(_)), "{e}");
-    assert!(
-        client
-            .read_range("/data/small.bin", 10, 0)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert_eq!(
-        client
-            .read_range("/data/small.bin", 990, u64::MAX)
-            .await
-            .unwrap(),
-        data[990..]
-    );
-    assert!(
-        client
-            .read_range("/data/small.bin", 5000, 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(client.read_range("/data/small.bin", 10, 0).await.unwrap().is_empty());
+    assert_eq!(client.read_range("/data/small.bin", 990, u64::MAX).await.unwrap(), data[990..]);
+    assert!(client.read_range("/data/small.bin", 5000, 10).await.unwrap().is_empty());
 
     let mut small = cluster.client_config();
     small.max_read_len = 100;
     let limited = strata_client::Client::connect(small).await.unwrap();
     let e = limited.read_all("/data/small.bin").await.unwrap_err();
-    assert!(
-        matches!(&e, ClientError::InvalidArgument(m) if m.contains("exceeds")),
-        "{e}"
-    );
+    assert!(matches!(&e, ClientError::InvalidArgument(m) if m.contains("exceeds")), "{e}");
 
     // Mount table validation.
     for (path, uri, what) in [
@@ -439,16 +324,9 @@ async fn bad_paths_and_lengths_get_clear_errors() {
         ("/x", "ftp://host/dir", "unsupported"),
         ("/data", "file:///tmp", "already mounted"),
         ("/data/inner", "file:///tmp", "nest"),
-        (
-            "/y",
-            "file:///definitely/not/here",
-            "file:///definitely/not/here",
-        ),
+        ("/y", "file:///definitely/not/here", "file:///definitely/not/here"),
     ] {
-        let e = client
-            .add_mount(path, uri, Default::default())
-            .await
-            .unwrap_err();
+        let e = client.add_mount(path, uri, Default::default()).await.unwrap_err();
         assert!(e.to_string().contains(what), "{path} {uri}: {e}");
     }
     let e = client.remove_mount("/never").await.unwrap_err();
@@ -473,11 +351,7 @@ mod raw_frames {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn malformed_frames_get_error_frames_and_the_worker_keeps_serving() {
-        let cluster = Cluster::start(ClusterOptions {
-            workers: 1,
-            ..ClusterOptions::default()
-        })
-        .await;
+        let cluster = Cluster::start(ClusterOptions { workers: 1, ..ClusterOptions::default() }).await;
         let data = pattern(5000, 8);
         cluster.write_file("f.bin", &data);
         let client = cluster.client().await;
@@ -496,18 +370,12 @@ mod raw_frames {
 
         // Garbage: an error frame, then the connection is closed.
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
         let (h, msg) = response(&mut s).await;
         assert_eq!(h.status, Err(ErrorKind::BadFrame));
         assert!(String::from_utf8_lossy(&msg).contains("magic"));
         let mut rest = Vec::new();
-        assert_eq!(
-            s.read_to_end(&mut rest).await.unwrap(),
-            0,
-            "connection closed"
-        );
+        assert_eq!(s.read_to_end(&mut rest).await.unwrap(), 0, "connection closed");
 
         // A truncated body inside a well-formed header.
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -522,64 +390,17 @@ mod raw_frames {
         // Well-formed but wrong requests: error frames, the connection stays usable.
         let mut s = TcpStream::connect(addr).await.unwrap();
         for (bad, kind) in [
-            (
-                ReadBlockRequest {
-                    len: 0,
-                    ..good.clone()
-                },
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                ReadBlockRequest {
-                    len: u64::MAX,
-                    ..good.clone()
-                },
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                ReadBlockRequest {
-                    block_index: 99,
-                    ..good.clone()
-                },
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                ReadBlockRequest {
-                    path: "/data/../f.bin".into(),
-                    ..good.clone()
-                },
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                ReadBlockRequest {
-                    path: "/elsewhere/f.bin".into(),
-                    ..good.clone()
-                },
-                ErrorKind::NotFound,
-            ),
-            (
-                ReadBlockRequest {
-                    block_size: 4096,
-                    ..good.clone()
-                },
-                ErrorKind::InvalidArgument,
-            ),
-            (
-                ReadBlockRequest {
-                    version: "m1-s5000".into(),
-                    ..good.clone()
-                },
-                ErrorKind::VersionChanged,
-            ),
+            (ReadBlockRequest { len: 0, ..good.clone() }, ErrorKind::InvalidArgument),
+            (ReadBlockRequest { len: u64::MAX, ..good.clone() }, ErrorKind::InvalidArgument),
+            (ReadBlockRequest { block_index: 99, ..good.clone() }, ErrorKind::InvalidArgument),
+            (ReadBlockRequest { path: "/data/../f.bin".into(), ..good.clone() }, ErrorKind::InvalidArgument),
+            (ReadBlockRequest { path: "/elsewhere/f.bin".into(), ..good.clone() }, ErrorKind::NotFound),
+            (ReadBlockRequest { block_size: 4096, ..good.clone() }, ErrorKind::InvalidArgument),
+            (ReadBlockRequest { version: "m1-s5000".into(), ..good.clone() }, ErrorKind::VersionChanged),
         ] {
             s.write_all(&bad.encode()).await.unwrap();
             let (h, msg) = response(&mut s).await;
-            assert_eq!(
-                h.status,
-                Err(kind),
-                "{bad:?}: {}",
-                String::from_utf8_lossy(&msg)
-            );
+            assert_eq!(h.status, Err(kind), "{bad:?}: {}", String::from_utf8_lossy(&msg));
             assert_eq!(h.req_id, 7);
         }
         s.write_all(&good.encode()).await.unwrap();

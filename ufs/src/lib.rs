@@ -53,13 +53,9 @@ impl UfsError {
         match self {
             UfsError::NotFound(_) => ErrorKind::NotFound,
             UfsError::IsDirectory(_) => ErrorKind::IsDirectory,
-            UfsError::UnsupportedScheme(_) | UfsError::InvalidConfig(_) => {
-                ErrorKind::InvalidArgument
-            }
+            UfsError::UnsupportedScheme(_) | UfsError::InvalidConfig(_) => ErrorKind::InvalidArgument,
             UfsError::VersionChanged(_) => ErrorKind::VersionChanged,
-            UfsError::PermissionDenied(_) | UfsError::Temporary(_) | UfsError::Other(_) => {
-                ErrorKind::Ufs
-            }
+            UfsError::PermissionDenied(_) | UfsError::Temporary(_) | UfsError::Other(_) => ErrorKind::Ufs,
         }
     }
 }

@@ -38,9 +38,7 @@ impl OpendalUfs {
                 match std::fs::metadata(root) {
                     Ok(m) if m.is_dir() => {}
                     Ok(_) => {
-                        return Err(UfsError::InvalidConfig(format!(
-                            "{root} is not a directory"
-                        )));
+                        return Err(UfsError::InvalidConfig(format!("{root} is not a directory")));
                     }
                     Err(e) => return Err(UfsError::NotFound(format!("{root}: {e}"))),
                 }
@@ -53,13 +51,9 @@ impl OpendalUfs {
                 "s3"
             }
         };
-        let op = Operator::via_iter(scheme, config)
-            .map_err(|e| UfsError::InvalidConfig(e.to_string()))?;
+        let op = Operator::via_iter(scheme, config).map_err(|e| UfsError::InvalidConfig(e.to_string()))?;
         let conditional_reads = op.info().capability().read_with_if_match;
-        Ok(Self {
-            op,
-            conditional_reads,
-        })
+        Ok(Self { op, conditional_reads })
     }
 }
 
@@ -69,9 +63,7 @@ fn map_err(path: &str, err: opendal::Error) -> UfsError {
         OdErrorKind::IsADirectory => UfsError::IsDirectory(path.to_string()),
         OdErrorKind::PermissionDenied => UfsError::PermissionDenied(format!("{path}: {err}")),
         OdErrorKind::ConditionNotMatch => UfsError::VersionChanged(path.to_string()),
-        OdErrorKind::ConfigInvalid | OdErrorKind::Unsupported => {
-            UfsError::InvalidConfig(err.to_string())
-        }
+        OdErrorKind::ConfigInvalid | OdErrorKind::Unsupported => UfsError::InvalidConfig(err.to_string()),
         _ if err.is_temporary() => UfsError::Temporary(format!("{path}: {err}")),
         _ => UfsError::Other(format!("{path}: {err}")),
     }
@@ -79,10 +71,8 @@ fn map_err(path: &str, err: opendal::Error) -> UfsError {
 
 fn to_meta(meta: &Metadata) -> ObjectMeta {
     let mtime: Option<SystemTime> = meta.last_modified().map(Into::into);
-    let mtime_ns = mtime
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_nanos() as i128)
-        .unwrap_or(0);
+    let mtime_ns =
+        mtime.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_nanos() as i128).unwrap_or(0);
     let is_dir = meta.is_dir();
     let size = if is_dir { 0 } else { meta.content_length() };
     let version = if is_dir {
@@ -93,12 +83,7 @@ fn to_meta(meta: &Metadata) -> ObjectMeta {
             _ => synthetic_version(mtime_ns, size),
         }
     };
-    ObjectMeta {
-        is_dir,
-        size,
-        version,
-        mtime_ms: (mtime_ns / 1_000_000) as i64,
-    }
+    ObjectMeta { is_dir, size, version, mtime_ms: (mtime_ns / 1_000_000) as i64 }
 }
 
 #[async_trait]
@@ -119,29 +104,18 @@ impl Ufs for OpendalUfs {
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<UfsEntry>> {
-        let dir_path = if dir.is_empty() {
-            "/".to_string()
-        } else {
-            format!("{}/", dir.trim_end_matches('/'))
-        };
+        let dir_path =
+            if dir.is_empty() { "/".to_string() } else { format!("{}/", dir.trim_end_matches('/')) };
         let entries = self.op.list(&dir_path).await.map_err(|e| map_err(dir, e))?;
         let mut out = Vec::with_capacity(entries.len());
         for entry in entries {
             let (path, meta) = entry.into_parts();
-            let name = path
-                .trim_end_matches('/')
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .to_string();
+            let name = path.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string();
             // opendal lists the directory itself as an entry on some services.
             if name.is_empty() || path.trim_end_matches('/') == dir_path.trim_end_matches('/') {
                 continue;
             }
-            out.push(UfsEntry {
-                name,
-                meta: to_meta(&meta),
-            });
+            out.push(UfsEntry { name, meta: to_meta(&meta) });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -151,18 +125,11 @@ impl Ufs for OpendalUfs {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
-        let mut opts = ReadOptions {
-            range: range.clone().into(),
-            ..Default::default()
-        };
+        let mut opts = ReadOptions { range: range.clone().into(), ..Default::default() };
         if self.conditional_reads {
             opts.if_match = Some(version.to_string());
         }
-        let buf = self
-            .op
-            .read_options(path, opts)
-            .await
-            .map_err(|e| map_err(path, e))?;
+        let buf = self.op.read_options(path, opts).await.map_err(|e| map_err(path, e))?;
         if !self.conditional_reads {
             let now = self.stat(path).await?;
             if now.version != version {
@@ -197,46 +164,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         std::fs::write(dir.path().join("sub/a.bin"), b"hello world").unwrap();
-        let ufs = OpendalUfs::open(
-            &format!("file://{}", dir.path().display()),
-            &BTreeMap::new(),
-        )
-        .unwrap();
+        let ufs = OpendalUfs::open(&format!("file://{}", dir.path().display()), &BTreeMap::new()).unwrap();
 
         let meta = ufs.stat("sub/a.bin").await.unwrap();
         assert_eq!(meta.size, 11);
         assert!(!meta.is_dir);
-        assert!(
-            meta.version.starts_with('m') && meta.version.ends_with("-s11"),
-            "{}",
-            meta.version
-        );
+        assert!(meta.version.starts_with('m') && meta.version.ends_with("-s11"), "{}", meta.version);
         assert!(ufs.stat("sub").await.unwrap().is_dir);
         assert!(matches!(ufs.stat("nope").await, Err(UfsError::NotFound(_))));
 
-        let names: Vec<_> = ufs
-            .list("sub")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.name, e.meta.size))
-            .collect();
+        let names: Vec<_> =
+            ufs.list("sub").await.unwrap().into_iter().map(|e| (e.name, e.meta.size)).collect();
         assert_eq!(names, vec![("a.bin".to_string(), 11)]);
-        let root: Vec<_> = ufs
-            .list("")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.name, e.meta.is_dir))
-            .collect();
+        let root: Vec<_> = ufs.list("").await.unwrap().into_iter().map(|e| (e.name, e.meta.is_dir)).collect();
         assert_eq!(root, vec![("sub".to_string(), true)]);
 
-        assert_eq!(
-            &ufs.read_range("sub/a.bin", 6..11, &meta.version)
-                .await
-                .unwrap()[..],
-            b"world"
-        );
+        assert_eq!(&ufs.read_range("sub/a.bin", 6..11, &meta.version).await.unwrap()[..], b"world");
         // A read against a version the object no longer has is refused, not served.
         assert!(matches!(
             ufs.read_range("sub/a.bin", 0..5, "m1-s11").await,

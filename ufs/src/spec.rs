@@ -32,16 +32,11 @@ impl UfsSpec {
             "s3" => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
                 if bucket.is_empty() {
-                    return Err(UfsError::InvalidConfig(format!(
-                        "{uri:?}: missing bucket name"
-                    )));
+                    return Err(UfsError::InvalidConfig(format!("{uri:?}: missing bucket name")));
                 }
                 let root = strata_common::path::normalize(&format!("/{prefix}"))
                     .map_err(|e| UfsError::InvalidConfig(format!("{uri:?}: {e}")))?;
-                Ok(UfsSpec::S3 {
-                    bucket: bucket.to_string(),
-                    root,
-                })
+                Ok(UfsSpec::S3 { bucket: bucket.to_string(), root })
             }
             other => Err(UfsError::UnsupportedScheme(other.to_string())),
         }
@@ -51,32 +46,14 @@ impl UfsSpec {
 /// Whether an option holds a credential that must never be logged or returned to clients.
 pub fn is_secret_option(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    [
-        "secret",
-        "password",
-        "token",
-        "credential",
-        "account_key",
-        "sas",
-    ]
-    .iter()
-    .any(|s| k.contains(s))
+    ["secret", "password", "token", "credential", "account_key", "sas"].iter().any(|s| k.contains(s))
 }
 
 /// A copy of `options` with secret values replaced by `***`.
 pub fn redact_options(options: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     options
         .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                if is_secret_option(k) {
-                    "***".to_string()
-                } else {
-                    v.clone()
-                },
-            )
-        })
+        .map(|(k, v)| (k.clone(), if is_secret_option(k) { "***".to_string() } else { v.clone() }))
         .collect()
 }
 
@@ -86,49 +63,21 @@ mod tests {
 
     #[test]
     fn parses_supported_uris() {
-        assert_eq!(
-            UfsSpec::parse("file:///tmp//x/").unwrap(),
-            UfsSpec::Fs {
-                root: "/tmp/x".into()
-            }
-        );
+        assert_eq!(UfsSpec::parse("file:///tmp//x/").unwrap(), UfsSpec::Fs { root: "/tmp/x".into() });
         assert_eq!(
             UfsSpec::parse("s3://b/p/q").unwrap(),
-            UfsSpec::S3 {
-                bucket: "b".into(),
-                root: "/p/q".into()
-            }
+            UfsSpec::S3 { bucket: "b".into(), root: "/p/q".into() }
         );
-        assert_eq!(
-            UfsSpec::parse("s3://b").unwrap(),
-            UfsSpec::S3 {
-                bucket: "b".into(),
-                root: "/".into()
-            }
-        );
+        assert_eq!(UfsSpec::parse("s3://b").unwrap(), UfsSpec::S3 { bucket: "b".into(), root: "/".into() });
     }
 
     #[test]
     fn rejects_bad_uris() {
-        assert!(
-            matches!(UfsSpec::parse("ftp://x/y"), Err(UfsError::UnsupportedScheme(s)) if s == "ftp")
-        );
-        assert!(matches!(
-            UfsSpec::parse("/tmp/x"),
-            Err(UfsError::InvalidConfig(_))
-        ));
-        assert!(matches!(
-            UfsSpec::parse("file://relative"),
-            Err(UfsError::InvalidConfig(_))
-        ));
-        assert!(matches!(
-            UfsSpec::parse("file:///a/../b"),
-            Err(UfsError::InvalidConfig(_))
-        ));
-        assert!(matches!(
-            UfsSpec::parse("s3:///x"),
-            Err(UfsError::InvalidConfig(_))
-        ));
+        assert!(matches!(UfsSpec::parse("ftp://x/y"), Err(UfsError::UnsupportedScheme(s)) if s == "ftp"));
+        assert!(matches!(UfsSpec::parse("/tmp/x"), Err(UfsError::InvalidConfig(_))));
+        assert!(matches!(UfsSpec::parse("file://relative"), Err(UfsError::InvalidConfig(_))));
+        assert!(matches!(UfsSpec::parse("file:///a/../b"), Err(UfsError::InvalidConfig(_))));
+        assert!(matches!(UfsSpec::parse("s3:///x"), Err(UfsError::InvalidConfig(_))));
     }
 
     #[test]

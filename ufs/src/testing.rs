@@ -74,9 +74,7 @@ impl Ufs for CountingUfs {
         }
         let bytes = self.inner.read_range(path, range, version).await?;
         self.counters.reads.fetch_add(1, Ordering::SeqCst);
-        self.counters
-            .bytes_read
-            .fetch_add(bytes.len() as u64, Ordering::SeqCst);
+        self.counters.bytes_read.fetch_add(bytes.len() as u64, Ordering::SeqCst);
         Ok(bytes)
     }
 }
@@ -90,11 +88,7 @@ pub struct CountingFactory {
 
 impl CountingFactory {
     pub fn new(inner: Arc<dyn UfsFactory>) -> Self {
-        Self {
-            inner,
-            counters: Arc::default(),
-            faults: Arc::default(),
-        }
+        Self { inner, counters: Arc::default(), faults: Arc::default() }
     }
 }
 

@@ -72,10 +72,7 @@ impl Inner {
         let tick = self.bump_tick();
         self.lru.insert(tick, key.clone());
         self.used += size;
-        self.events.push(TierEvent::Added {
-            key: key.clone(),
-            size,
-        });
+        self.events.push(TierEvent::Added { key: key.clone(), size });
         self.entries.insert(key, Entry { data, tick });
     }
 
@@ -102,10 +99,7 @@ impl Inner {
 
 impl MemoryTier {
     pub fn new(capacity_bytes: u64) -> Self {
-        Self {
-            capacity: capacity_bytes,
-            inner: Mutex::new(Inner::default()),
-        }
+        Self { capacity: capacity_bytes, inner: Mutex::new(Inner::default()) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -140,10 +134,7 @@ impl Tier for MemoryTier {
     async fn put(&self, key: &BlockKey, data: Bytes) -> Result<()> {
         let size = data.len() as u64;
         if self.capacity == 0 || size > self.capacity {
-            return Err(TierError::TooLarge {
-                size,
-                capacity: self.capacity,
-            });
+            return Err(TierError::TooLarge { size, capacity: self.capacity });
         }
         let mut inner = self.lock();
         if let Some(entry) = inner.entries.get_mut(key)
@@ -185,11 +176,7 @@ impl Tier for MemoryTier {
     }
 
     fn keys(&self) -> Vec<(BlockKey, u64)> {
-        self.lock()
-            .entries
-            .iter()
-            .map(|(k, e)| (k.clone(), e.data.len() as u64))
-            .collect()
+        self.lock().entries.iter().map(|(k, e)| (k.clone(), e.data.len() as u64)).collect()
     }
 
     fn drain_events(&self) -> Vec<TierEvent> {
@@ -214,10 +201,7 @@ mod tests {
     }
 
     fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     }
 
     fn key_set(tier: &MemoryTier) -> BTreeMap<BlockKey, u64> {
@@ -228,10 +212,7 @@ mod tests {
         for ev in events {
             match ev {
                 TierEvent::Added { key, size } => {
-                    assert!(
-                        state.insert(key, size).is_none(),
-                        "Added for a key already present"
-                    );
+                    assert!(state.insert(key, size).is_none(), "Added for a key already present");
                 }
                 TierEvent::Removed { key } => {
                     assert!(state.remove(&key).is_some(), "Removed for an absent key");
@@ -254,18 +235,8 @@ mod tests {
 
         // A 20-byte block needs two evictions: key 2 then key 0 (key 3 is the newest).
         tier.put(&key(4), block(20, 4)).await.unwrap();
-        assert_eq!(
-            key_set(&tier).into_keys().collect::<Vec<_>>(),
-            vec![key(3), key(4)]
-        );
-        assert_eq!(
-            tier.usage(),
-            TierUsage {
-                capacity_bytes: 30,
-                used_bytes: 30,
-                blocks: 2
-            }
-        );
+        assert_eq!(key_set(&tier).into_keys().collect::<Vec<_>>(), vec![key(3), key(4)]);
+        assert_eq!(tier.usage(), TierUsage { capacity_bytes: 30, used_bytes: 30, blocks: 2 });
         assert_eq!(tier.get(&key(2)).await.unwrap(), None);
     }
 
@@ -290,10 +261,7 @@ mod tests {
         tier.put(&key(1), block(60, 1)).await.unwrap();
         tier.drain_events();
         match tier.put(&key(2), block(101, 2)).await {
-            Err(TierError::TooLarge {
-                size: 101,
-                capacity: 100,
-            }) => {}
+            Err(TierError::TooLarge { size: 101, capacity: 100 }) => {}
             other => panic!("expected TooLarge, got {other:?}"),
         }
         assert!(tier.contains(&key(1)));
@@ -323,15 +291,9 @@ mod tests {
             events,
             vec![
                 TierEvent::Removed { key: key(1) },
-                TierEvent::Added {
-                    key: key(3),
-                    size: 10
-                },
+                TierEvent::Added { key: key(3), size: 10 },
                 TierEvent::Removed { key: key(3) },
-                TierEvent::Added {
-                    key: key(3),
-                    size: 5
-                },
+                TierEvent::Added { key: key(3), size: 5 },
                 TierEvent::Removed { key: key(2) },
             ]
         );

@@ -123,19 +123,12 @@ impl Index {
     }
 
     fn insert_ready(&mut self, key: BlockKey, size: u64) {
-        let ready = Ready {
-            size,
-            tick: self.next_tick,
-            generation: self.next_generation,
-        };
+        let ready = Ready { size, tick: self.next_tick, generation: self.next_generation };
         self.next_tick += 1;
         self.next_generation += 1;
         self.lru.insert(ready.tick, key.clone());
         self.used += size;
-        self.events.push(TierEvent::Added {
-            key: key.clone(),
-            size,
-        });
+        self.events.push(TierEvent::Added { key: key.clone(), size });
         self.slots.insert(key, Slot::Ready(ready));
     }
 
@@ -170,9 +163,7 @@ impl Index {
 /// The file name of a key, relative to the blocks directory.
 fn block_path_in(blocks_dir: &Path, key: &BlockKey) -> PathBuf {
     let hex = format!("{:032x}", key.storage_id());
-    blocks_dir
-        .join(&hex[..2])
-        .join(format!("{hex}.{BLOCK_EXT}"))
+    blocks_dir.join(&hex[..2]).join(format!("{hex}.{BLOCK_EXT}"))
 }
 
 fn tmp_path(path: &Path) -> PathBuf {
@@ -250,12 +241,9 @@ fn parse_header(buf: &[u8]) -> std::result::Result<Header, Malformed> {
     }
     let key_enc = &body[FIXED_LEN..];
     match BlockKey::decode(key_enc) {
-        Some((key, used)) if used == key_enc.len() => Ok(Header {
-            header_len,
-            data_len: le_u64(body, 16),
-            data_crc: le_u32(body, 24),
-            key,
-        }),
+        Some((key, used)) if used == key_enc.len() => {
+            Ok(Header { header_len, data_len: le_u64(body, 16), data_crc: le_u32(body, 24), key })
+        }
         _ => Err("malformed key"),
     }
 }
@@ -292,9 +280,7 @@ fn read_block(path: &Path, key: &BlockKey) -> io::Result<ReadOutcome> {
 }
 
 /// Reads only the header of a block file found by `open`.
-fn scan_block(
-    path: &Path,
-) -> io::Result<std::result::Result<(BlockKey, u64, SystemTime), Malformed>> {
+fn scan_block(path: &Path) -> io::Result<std::result::Result<(BlockKey, u64, SystemTime), Malformed>> {
     let mut file = File::open(path)?;
     let meta = file.metadata()?;
     let mut buf = vec![0u8; FIXED_LEN];
@@ -420,10 +406,7 @@ struct PutJob {
 impl PutJob {
     /// Blocking: evicts, then writes and publishes the block.
     fn run(self, data: Bytes) -> Result<()> {
-        let PutJob {
-            mut pending,
-            victims,
-        } = self;
+        let PutJob { mut pending, victims } = self;
         for key in &victims.keys {
             tracing::debug!(block = %key, tier = "nvme", "evicted");
         }
@@ -502,16 +485,8 @@ impl Shared {
         index.reserved += size;
         drop(index);
         BeginPut::Write(PutJob {
-            pending: PendingWrite {
-                shared: Arc::clone(self),
-                key: key.clone(),
-                size,
-                stored: false,
-            },
-            victims: Deleting {
-                shared: Arc::clone(self),
-                keys: victims,
-            },
+            pending: PendingWrite { shared: Arc::clone(self), key: key.clone(), size, stored: false },
+            victims: Deleting { shared: Arc::clone(self), keys: victims },
         })
     }
 
@@ -523,10 +498,7 @@ impl Shared {
             Some(Slot::Ready(_)) => {
                 index.retire(key);
                 drop(index);
-                BeginRemove::Delete(Deleting {
-                    shared: Arc::clone(self),
-                    keys: vec![key.clone()],
-                })
+                BeginRemove::Delete(Deleting { shared: Arc::clone(self), keys: vec![key.clone()] })
             }
         }
     }
@@ -735,9 +707,7 @@ impl Tier for NvmeTier {
                 BeginPut::Wait => settled.await,
             }
         };
-        tokio::task::spawn_blocking(move || job.run(data))
-            .await
-            .map_err(join_error)?
+        tokio::task::spawn_blocking(move || job.run(data)).await.map_err(join_error)?
     }
 
     async fn remove(&self, key: &BlockKey) -> Result<()> {
@@ -802,10 +772,7 @@ mod tests {
     }
 
     fn data_for(i: u64, len: usize) -> Bytes {
-        (0..len)
-            .map(|j| (i as usize * 31 + j * 7) as u8)
-            .collect::<Vec<_>>()
-            .into()
+        (0..len).map(|j| (i as usize * 31 + j * 7) as u8).collect::<Vec<_>>().into()
     }
 
     fn files_with_suffix(dir: &Path, suffix: &str) -> BTreeSet<PathBuf> {
@@ -840,10 +807,7 @@ mod tests {
         for ev in events {
             match ev {
                 TierEvent::Added { key, size } => {
-                    assert!(
-                        state.insert(key, size).is_none(),
-                        "Added for a key already present"
-                    );
+                    assert!(state.insert(key, size).is_none(), "Added for a key already present");
                 }
                 TierEvent::Removed { key } => {
                     assert!(state.remove(&key).is_some(), "Removed for an absent key");
@@ -874,29 +838,14 @@ mod tests {
         assert_eq!(tier.get(&key(2)).await.unwrap(), Some(Bytes::new()));
         assert_eq!(tier.get(&key(3)).await.unwrap(), None);
         assert!(tier.contains(&key(1)) && tier.contains(&key(2)) && !tier.contains(&key(3)));
-        assert_eq!(
-            tier.usage(),
-            TierUsage {
-                capacity_bytes: 1 << 20,
-                used_bytes: 10_000,
-                blocks: 2
-            }
-        );
+        assert_eq!(tier.usage(), TierUsage { capacity_bytes: 1 << 20, used_bytes: 10_000, blocks: 2 });
         assert_eq!(
             block_files(dir.path()),
-            [tier.block_path(&key(1)), tier.block_path(&key(2))]
-                .into_iter()
-                .collect()
+            [tier.block_path(&key(1)), tier.block_path(&key(2))].into_iter().collect()
         );
         let path = tier.block_path(&key(1));
         let hex = format!("{:032x}", key(1).storage_id());
-        assert_eq!(
-            path,
-            dir.path()
-                .join("blocks")
-                .join(&hex[..2])
-                .join(format!("{hex}.blk"))
-        );
+        assert_eq!(path, dir.path().join("blocks").join(&hex[..2]).join(format!("{hex}.blk")));
 
         // `locate` points at exactly the data bytes of the file.
         let (loc_path, offset, len) = tier.locate(&key(1)).unwrap();
@@ -918,9 +867,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tier = NvmeTier::open(dir.path(), 1 << 20).unwrap();
         for i in 0..3 {
-            tier.put(&key(i), data_for(i, 100 * i as usize))
-                .await
-                .unwrap();
+            tier.put(&key(i), data_for(i, 100 * i as usize)).await.unwrap();
         }
         let before = key_set(&tier);
         drop(tier);
@@ -931,10 +878,7 @@ mod tests {
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, before);
         for i in 0..3 {
-            assert_eq!(
-                tier.get(&key(i)).await.unwrap(),
-                Some(data_for(i, 100 * i as usize))
-            );
+            assert_eq!(tier.get(&key(i)).await.unwrap(), Some(data_for(i, 100 * i as usize)));
         }
         assert_eq!(tier.usage().used_bytes, 300);
         assert_eq!(tier.corrupt_blocks(), 0);
@@ -946,10 +890,7 @@ mod tests {
         assert_eq!(tier.corrupt_blocks(), 1);
         assert!(!path.exists(), "corrupt file must be deleted");
         assert!(!tier.contains(k));
-        assert!(
-            tier.drain_events()
-                .contains(&TierEvent::Removed { key: k.clone() })
-        );
+        assert!(tier.drain_events().contains(&TierEvent::Removed { key: k.clone() }));
         // Already gone: a second read is a plain miss, not a second corruption.
         assert_eq!(tier.get(k).await.unwrap(), None);
         assert_eq!(tier.corrupt_blocks(), 1);
@@ -1011,33 +952,19 @@ mod tests {
             tier.put(&key(i), data_for(i, 300)).await.unwrap();
         }
         flip_byte(&tier.block_path(&key(0)), HEADER_BYTE);
-        let truncated = File::options()
-            .write(true)
-            .open(tier.block_path(&key(1)))
-            .unwrap();
+        let truncated = File::options().write(true).open(tier.block_path(&key(1))).unwrap();
         truncated.set_len(20).unwrap();
         drop(truncated);
         // A valid block under a name that is not its key's.
-        let misplaced = tier
-            .block_path(&key(2))
-            .with_file_name(format!("{:032x}.blk", 7u128));
+        let misplaced = tier.block_path(&key(2)).with_file_name(format!("{:032x}.blk", 7u128));
         fs::rename(tier.block_path(&key(2)), &misplaced).unwrap();
         drop(tier);
 
         let tier = NvmeTier::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(tier.corrupt_blocks(), 3);
         assert_eq!(key_set(&tier), [(key(3), 300)].into_iter().collect());
-        assert_eq!(
-            block_files(dir.path()),
-            [tier.block_path(&key(3))].into_iter().collect()
-        );
-        assert_eq!(
-            tier.drain_events(),
-            vec![TierEvent::Added {
-                key: key(3),
-                size: 300
-            }]
-        );
+        assert_eq!(block_files(dir.path()), [tier.block_path(&key(3))].into_iter().collect());
+        assert_eq!(tier.drain_events(), vec![TierEvent::Added { key: key(3), size: 300 }]);
         assert_eq!(tier.get(&key(3)).await.unwrap(), Some(data_for(3, 300)));
     }
 
@@ -1052,10 +979,7 @@ mod tests {
         assert_eq!(tier.corrupt_blocks(), 0);
         assert!(!tier.contains(&key(1)));
         assert_eq!(tier.usage().used_bytes, 0);
-        assert_eq!(
-            tier.drain_events(),
-            vec![TierEvent::Removed { key: key(1) }]
-        );
+        assert_eq!(tier.drain_events(), vec![TierEvent::Removed { key: key(1) }]);
     }
 
     #[tokio::test]
@@ -1068,9 +992,7 @@ mod tests {
         let beside = tmp_path(&path);
         fs::write(&beside, b"half a blo").unwrap();
         fs::create_dir_all(dir.path().join("blocks/ab")).unwrap();
-        let lone = dir
-            .path()
-            .join("blocks/ab/abababababababababababababababab.blk.tmp");
+        let lone = dir.path().join("blocks/ab/abababababababababababababababab.blk.tmp");
         fs::write(&lone, b"").unwrap();
 
         let tier = NvmeTier::open(dir.path(), 1 << 20).unwrap();
@@ -1094,25 +1016,12 @@ mod tests {
         tier.put(&key(3), data_for(3, 100)).await.unwrap();
         assert_eq!(
             block_files(dir.path()),
-            [0, 1, 3]
-                .into_iter()
-                .map(|i| tier.block_path(&key(i)))
-                .collect()
+            [0, 1, 3].into_iter().map(|i| tier.block_path(&key(i))).collect()
         );
         // 250 bytes need three evictions, oldest first: 0, 1, then 3.
         tier.put(&key(4), data_for(4, 250)).await.unwrap();
-        assert_eq!(
-            block_files(dir.path()),
-            [tier.block_path(&key(4))].into_iter().collect()
-        );
-        assert_eq!(
-            tier.usage(),
-            TierUsage {
-                capacity_bytes: 300,
-                used_bytes: 250,
-                blocks: 1
-            }
-        );
+        assert_eq!(block_files(dir.path()), [tier.block_path(&key(4))].into_iter().collect());
+        assert_eq!(tier.usage(), TierUsage { capacity_bytes: 300, used_bytes: 250, blocks: 1 });
 
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
@@ -1126,20 +1035,13 @@ mod tests {
         let now = SystemTime::now();
         for (i, age_secs) in [(0u64, 10u64), (1, 30), (2, 20)] {
             tier.put(&key(i), data_for(i, 100)).await.unwrap();
-            let file = File::options()
-                .write(true)
-                .open(tier.block_path(&key(i)))
-                .unwrap();
-            file.set_modified(now - Duration::from_secs(age_secs))
-                .unwrap();
+            let file = File::options().write(true).open(tier.block_path(&key(i))).unwrap();
+            file.set_modified(now - Duration::from_secs(age_secs)).unwrap();
         }
         drop(tier);
 
         let tier = NvmeTier::open(dir.path(), 200).unwrap();
-        assert_eq!(
-            key_set(&tier),
-            [(key(0), 100), (key(2), 100)].into_iter().collect()
-        );
+        assert_eq!(key_set(&tier), [(key(0), 100), (key(2), 100)].into_iter().collect());
         assert_eq!(block_files(dir.path()).len(), 2);
         assert!(!tier.block_path(&key(1)).exists());
         assert_eq!(tier.corrupt_blocks(), 0);
@@ -1156,10 +1058,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tier = NvmeTier::open(dir.path().join("off"), 0).unwrap();
         match tier.put(&key(1), Bytes::new()).await {
-            Err(TierError::TooLarge {
-                size: 0,
-                capacity: 0,
-            }) => {}
+            Err(TierError::TooLarge { size: 0, capacity: 0 }) => {}
             other => panic!("expected TooLarge, got {other:?}"),
         }
         assert_eq!(tier.get(&key(1)).await.unwrap(), None);
@@ -1168,10 +1067,7 @@ mod tests {
         let tier = NvmeTier::open(dir.path().join("small"), 100).unwrap();
         tier.put(&key(1), data_for(1, 60)).await.unwrap();
         match tier.put(&key(2), data_for(2, 101)).await {
-            Err(TierError::TooLarge {
-                size: 101,
-                capacity: 100,
-            }) => {}
+            Err(TierError::TooLarge { size: 101, capacity: 100 }) => {}
             other => panic!("expected TooLarge, got {other:?}"),
         }
         assert!(tier.contains(&key(1)));
@@ -1184,20 +1080,11 @@ mod tests {
         let tier = NvmeTier::open(dir.path(), 1 << 20).unwrap();
         tier.put(&key(1), data_for(1, 40)).await.unwrap();
         tier.drain_events();
-        let mtime = fs::metadata(tier.block_path(&key(1)))
-            .unwrap()
-            .modified()
-            .unwrap();
+        let mtime = fs::metadata(tier.block_path(&key(1))).unwrap().modified().unwrap();
         tier.put(&key(1), data_for(9, 40)).await.unwrap();
         assert!(tier.drain_events().is_empty());
         assert_eq!(tier.get(&key(1)).await.unwrap(), Some(data_for(1, 40)));
-        assert_eq!(
-            fs::metadata(tier.block_path(&key(1)))
-                .unwrap()
-                .modified()
-                .unwrap(),
-            mtime
-        );
+        assert_eq!(fs::metadata(tier.block_path(&key(1))).unwrap().modified().unwrap(), mtime);
     }
 
     #[tokio::test]
@@ -1209,10 +1096,7 @@ mod tests {
         tier.remove(&key(1)).await.unwrap();
         tier.remove(&key(1)).await.unwrap();
         assert!(block_files(dir.path()).is_empty());
-        assert_eq!(
-            tier.drain_events(),
-            vec![TierEvent::Removed { key: key(1) }]
-        );
+        assert_eq!(tier.drain_events(), vec![TierEvent::Removed { key: key(1) }]);
         assert_eq!(tier.usage().used_bytes, 0);
         assert_eq!(tier.get(&key(1)).await.unwrap(), None);
     }
@@ -1234,17 +1118,12 @@ mod tests {
         // The write finishes on its own and publishes the block...
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !tier.contains(&key(1)) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "cancelled put never settled"
-            );
+            assert!(tokio::time::Instant::now() < deadline, "cancelled put never settled");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // ...and neither its slot nor its reservation is left behind.
         assert_eq!(tier.get(&key(1)).await.unwrap(), Some(data_for(1, 1000)));
-        tier.put(&key(2), data_for(2, (1 << 20) - 1000))
-            .await
-            .unwrap();
+        tier.put(&key(2), data_for(2, (1 << 20) - 1000)).await.unwrap();
         tier.remove(&key(1)).await.unwrap();
         assert_eq!(tier.usage().used_bytes, (1 << 20) - 1000);
     }
@@ -1266,32 +1145,17 @@ mod tests {
         let mut same = pin!(tier.put(&k1, data_for(1, 80)));
         let mut removal = pin!(tier.remove(&k1));
         let wait = Duration::from_millis(50);
-        assert!(
-            tokio::time::timeout(wait, other.as_mut()).await.is_err(),
-            "overshot capacity"
-        );
-        assert!(
-            tokio::time::timeout(wait, same.as_mut()).await.is_err(),
-            "second write of a busy key"
-        );
-        assert!(
-            tokio::time::timeout(wait, removal.as_mut()).await.is_err(),
-            "removed a busy key"
-        );
+        assert!(tokio::time::timeout(wait, other.as_mut()).await.is_err(), "overshot capacity");
+        assert!(tokio::time::timeout(wait, same.as_mut()).await.is_err(), "second write of a busy key");
+        assert!(tokio::time::timeout(wait, removal.as_mut()).await.is_err(), "removed a busy key");
 
-        tokio::task::spawn_blocking(move || job.run(data_for(1, 80)))
-            .await
-            .unwrap()
-            .unwrap();
+        tokio::task::spawn_blocking(move || job.run(data_for(1, 80))).await.unwrap().unwrap();
         same.await.unwrap();
         assert_eq!(tier.get(&key(1)).await.unwrap(), Some(data_for(1, 80)));
         removal.await.unwrap();
         other.await.unwrap();
         assert_eq!(key_set(&tier), [(key(2), 50)].into_iter().collect());
-        assert_eq!(
-            block_files(dir.path()),
-            [tier.block_path(&key(2))].into_iter().collect()
-        );
+        assert_eq!(block_files(dir.path()), [tier.block_path(&key(2))].into_iter().collect());
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, key_set(&tier));
@@ -1331,11 +1195,7 @@ mod tests {
         fn size_of(k: u64) -> usize {
             (k as usize * 137) % 700
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let tier = Arc::new(NvmeTier::open(dir.path(), CAPACITY).unwrap());
         rt.block_on(async {
@@ -1345,9 +1205,7 @@ mod tests {
                 tasks.push(tokio::spawn(async move {
                     let mut state = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
                     for _ in 0..200 {
-                        state = state
-                            .wrapping_mul(6_364_136_223_846_793_005)
-                            .wrapping_add(1);
+                        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                         let k = (state >> 33) % 16;
                         let data = data_for(k, size_of(k));
                         match (state >> 20) % 5 {
@@ -1377,10 +1235,7 @@ mod tests {
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, keys);
-        assert_eq!(
-            block_files(dir.path()),
-            keys.keys().map(|k| tier.block_path(k)).collect()
-        );
+        assert_eq!(block_files(dir.path()), keys.keys().map(|k| tier.block_path(k)).collect());
         assert!(files_with_suffix(dir.path(), ".tmp").is_empty());
         assert_eq!(tier.usage().used_bytes, keys.values().sum::<u64>());
         assert_eq!(tier.corrupt_blocks(), 0);
@@ -1433,11 +1288,7 @@ mod tests {
 
     impl Model {
         fn present(&self) -> BTreeSet<u64> {
-            self.unordered
-                .iter()
-                .chain(&self.ordered)
-                .copied()
-                .collect()
+            self.unordered.iter().chain(&self.ordered).copied().collect()
         }
 
         fn used(&self) -> u64 {
@@ -1472,11 +1323,8 @@ mod tests {
         model: &Model,
         replayed: &mut BTreeMap<BlockKey, u64>,
     ) -> std::result::Result<(), TestCaseError> {
-        let expected: BTreeMap<BlockKey, u64> = model
-            .present()
-            .into_iter()
-            .map(|k| (key(k), model.sizes[k as usize]))
-            .collect();
+        let expected: BTreeMap<BlockKey, u64> =
+            model.present().into_iter().map(|k| (key(k), model.sizes[k as usize])).collect();
         prop_assert_eq!(&key_set(tier), &expected);
         prop_assert_eq!(
             tier.usage(),
