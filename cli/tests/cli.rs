@@ -1,0 +1,131 @@
+//! The `strata` binary end to end: a standalone cluster in a child process, client commands
+//! against it, their output and exit codes.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn strata() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
+    c.env_remove("STRATA_MASTER").env("RUST_LOG", "warn");
+    c
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Standalone(Child);
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_standalone(dir: &Path, master: &str, mount: &str) -> Standalone {
+    let mut child = strata()
+        .args(["--master", master, "standalone", "--memory", "64MiB", "--nvme", "256MiB", "--mount", mount])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "standalone did not start");
+        match lines.next() {
+            Some(Ok(line)) if line.contains("strata standalone is running") => break,
+            Some(Ok(_)) => {}
+            _ => panic!("standalone exited before starting: {:?}", child.try_wait()),
+        }
+    }
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Standalone(child)
+}
+
+fn run(master: &str, args: &[&str]) -> Output {
+    strata().arg("--master").arg(master).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn standalone_serves_the_cli_and_reports_clear_errors() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..5_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::create_dir(ufs.path().join("sub")).unwrap();
+    std::fs::write(ufs.path().join("sub/blob.bin"), &data).unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let mount = format!("/d=file://{}", ufs.path().display());
+    let node = start_standalone(state.path(), &master, &mount);
+
+    let cat = run(&master, &["cat", "/d/sub/blob.bin"]);
+    assert!(cat.status.success(), "{}", stderr(&cat));
+    assert!(cat.stdout == data, "cat returned other bytes");
+    // The address also comes from STRATA_MASTER.
+    let again = strata().env("STRATA_MASTER", &master).args(["cat", "/d/sub/blob.bin"]).output().unwrap();
+    assert!(again.status.success() && again.stdout == data);
+
+    let stat = run(&master, &["stat", "--json", "/d/sub/blob.bin"]);
+    let v: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
+    assert_eq!(v["size"], 5_000_000);
+    assert_eq!(v["is_dir"], false);
+    let ls = run(&master, &["ls", "/d/sub"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("blob.bin"));
+
+    let out = tempfile::tempdir().unwrap();
+    let cp = run(&master, &["cp", "/d/sub/blob.bin", out.path().to_str().unwrap()]);
+    assert!(cp.status.success(), "{}", stderr(&cp));
+    assert!(std::fs::read(out.path().join("blob.bin")).unwrap() == data);
+
+    // Two cats and a cp of a 2-block file: 2 misses, then hits; the UFS was read once.
+    std::thread::sleep(Duration::from_millis(2500)); // one heartbeat carries the counters
+    let status = run(&master, &["status", "--json"]);
+    assert!(status.status.success(), "{}", stderr(&status));
+    let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(s["totals"]["cache_misses"], 2, "{s}");
+    assert_eq!(s["totals"]["cache_hits"], 4, "{s}");
+    assert_eq!(s["totals"]["ufs_bytes_read"], 5_000_000, "{s}");
+    assert_eq!(s["workers"][0]["ufs_bytes_read"], 5_000_000, "{s}");
+    assert_eq!(s["workers"][0]["live"], true);
+
+    for (args, expected) in [
+        (vec!["cat", "/d/sub/missing.bin"], "not found"),
+        (vec!["cat", "/nowhere/x"], "not under any mount"),
+        (vec!["cat", "relative/x"], "not absolute"),
+        (vec!["cat", "/d/../etc/passwd"], ".."),
+        (vec!["cat", "/d/sub"], "is a directory"),
+        (vec!["mount", "add", "/bad", "ftp://host/x"], "unsupported"),
+        (vec!["mount", "add", "/d/inner", "file:///tmp"], "nest"),
+        (vec!["mount", "add", "/m", "file:///tmp", "-o", "block_size=12"], "block_size"),
+    ] {
+        let o = run(&master, &args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
+    }
+    let o = run(&format!("127.0.0.1:{}", free_port()), &["status"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("master"), "{}", stderr(&o));
+
+    // Mounts survive a restart of the whole node.
+    let o = run(&master, &["mount", "add", "/extra", &format!("file://{}", ufs.path().display())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    drop(node);
+    let _node = start_standalone(state.path(), &master, &mount);
+    let ls = run(&master, &["mount", "ls", "--json"]);
+    let mounts: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    let paths: Vec<&str> = mounts.as_array().unwrap().iter().map(|m| m["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, vec!["/d", "/extra"]);
+    let cat = run(&master, &["cat", "/extra/sub/blob.bin"]);
+    assert!(cat.status.success() && cat.stdout == data);
+}
