@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use strata_common::path::{self, PathError};
 use strata_common::{DEFAULT_BLOCK_SIZE, DEFAULT_METADATA_TTL_MS, ErrorKind, MAX_BLOCK_SIZE};
-use strata_ufs::{Ufs, UfsError, UfsFactory, UfsSpec};
+use strata_ufs::{Ufs, UfsError, UfsFactory, UfsSpec, parse_duration};
 use thiserror::Error;
 
 /// What the store keeps of a mount.
@@ -56,6 +56,9 @@ pub struct Mount {
     pub record: MountRecord,
     pub block_size: u64,
     pub metadata_ttl: Duration,
+    /// `mode=read-only` (the default) or `mode=write-through`: whether writes through Strata
+    /// may reach this UFS.
+    pub read_only: bool,
     pub ufs: Arc<dyn Ufs>,
 }
 
@@ -89,8 +92,19 @@ impl Mount {
             })?,
             None => Duration::from_millis(DEFAULT_METADATA_TTL_MS),
         };
+        let read_only = match record.options.get("mode").map(String::as_str) {
+            None | Some("read-only") => true,
+            Some("write-through") => false,
+            Some(other) => {
+                return Err(MountError::BadOption {
+                    key: "mode".into(),
+                    value: other.to_string(),
+                    reason: "expected read-only or write-through".into(),
+                });
+            }
+        };
         let ufs = factory.open(&record.uri, &record.options).map_err(ufs_err)?;
-        Ok(Self { record: MountRecord { path, ..record }, block_size, metadata_ttl, ufs })
+        Ok(Self { record: MountRecord { path, ..record }, block_size, metadata_ttl, read_only, ufs })
     }
 }
 
@@ -108,22 +122,6 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(mult)
-}
-
-/// `250ms`, `10s`, `5m`, `1h`, `0` → duration.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "ms" => Duration::from_millis(n),
-        "" if n == 0 => Duration::ZERO,
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.checked_mul(60)?),
-        "h" => Duration::from_secs(n.checked_mul(3600)?),
-        _ => return None,
-    })
 }
 
 #[derive(Default)]

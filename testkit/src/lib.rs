@@ -14,8 +14,12 @@ use strata_ufs::testing::{CountingFactory, UfsCounters, UfsFaults};
 use strata_worker::{Worker, WorkerConfig, WorkerHandle};
 use tempfile::TempDir;
 
+pub mod fault_proxy;
+mod ufs;
+
 pub use strata_client;
 pub use strata_ufs;
+pub use ufs::TestUfs;
 
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
@@ -42,8 +46,8 @@ impl Default for ClusterOptions {
 }
 
 pub struct Cluster {
-    /// The UFS root mounted at `/data`.
-    pub ufs_dir: TempDir,
+    /// The UFS mounted at `/data`.
+    pub ufs: TestUfs,
     state_dir: TempDir,
     pub factory: Arc<CountingFactory>,
     master: Option<MasterHandle>,
@@ -53,8 +57,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster with a temporary directory mounted at `/data`.
     pub async fn start(opts: ClusterOptions) -> Self {
-        let ufs_dir = tempfile::tempdir().expect("tempdir");
+        Self::start_with(opts, TestUfs::fs()).await
+    }
+
+    /// A cluster with `ufs` mounted at `/data`.
+    pub async fn start_with(opts: ClusterOptions, ufs: TestUfs) -> Self {
         let state_dir = tempfile::tempdir().expect("tempdir");
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
         let mut master_config = MasterConfig {
@@ -80,7 +89,7 @@ impl Cluster {
             })
             .collect();
         let mut cluster = Self {
-            ufs_dir,
+            ufs,
             state_dir,
             factory,
             master: Some(master),
@@ -94,13 +103,14 @@ impl Cluster {
         }
         cluster.wait_for_live_workers(opts.workers).await;
         let client = cluster.client().await;
-        let options: HashMap<String, String> = opts.mount_options.into_iter().collect();
+        let options: HashMap<String, String> =
+            opts.mount_options.into_iter().chain(cluster.ufs.mount_options()).collect();
         client.add_mount("/data", &cluster.ufs_uri(), options).await.expect("mount /data");
         cluster
     }
 
     pub fn ufs_uri(&self) -> String {
-        format!("file://{}", self.ufs_dir.path().display())
+        self.ufs.uri()
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -126,9 +136,9 @@ impl Cluster {
         Client::connect(self.client_config()).await.expect("client connects")
     }
 
-    /// Writes a file into the UFS (relative to the `/data` mount).
+    /// Writes a file into a directory UFS (relative to the `/data` mount).
     pub fn write_file(&self, rel: &str, bytes: &[u8]) -> PathBuf {
-        let path = self.ufs_dir.path().join(rel);
+        let path = self.ufs.dir().join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).expect("mkdir");
         }

@@ -79,10 +79,27 @@ async fn second_read_is_served_from_the_tiers() {
     assert_eq!(totals.cache_misses, 11);
     assert_eq!(totals.ufs_bytes_read, data.len() as u64);
     assert!(totals.cache_hits >= 33, "{totals:?}");
+    // Each worker serves Prometheus metrics and a health check on its HTTP port.
+    let metrics = http_get(cluster.worker(0).http_addr, "/metrics").await;
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(metrics.contains("strata_worker_cache_misses_total"), "{metrics}");
+    assert!(metrics.contains("strata_worker_ufs_bytes_total"), "{metrics}");
+    let health = http_get(cluster.worker(1).http_addr, "/health").await;
+    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
     // The block map knows where the blocks are.
     let locations = client.block_locations("/data/warm.bin").await.unwrap();
     assert_eq!(locations.blocks.len(), 11);
     assert!(locations.blocks.iter().all(|b| !b.replicas.is_empty()));
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -19,8 +19,11 @@ use bytes::Bytes;
 use strata_common::ErrorKind;
 use thiserror::Error;
 
-pub use opendal_ufs::{OpendalFactory, OpendalUfs, STRATA_MOUNT_OPTIONS};
-pub use spec::{UfsSpec, is_secret_option, redact_options};
+pub use opendal_ufs::{
+    DEFAULT_UFS_IO_TIMEOUT, DEFAULT_UFS_RETRIES, DEFAULT_UFS_TIMEOUT, OpendalFactory, OpendalUfs,
+    STRATA_MOUNT_OPTIONS, parse_duration,
+};
+pub use spec::{SUPPORTED_SCHEMES, UfsSpec, is_secret_option, redact_options};
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -31,7 +34,7 @@ pub enum UfsError {
     IsDirectory(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
-    #[error("unsupported UFS scheme {0:?} (supported: file, s3)")]
+    #[error("unsupported UFS scheme {0:?} (supported: file, s3, hdfs, webhdfs, gcs, azblob, oss)")]
     UnsupportedScheme(String),
     #[error("invalid UFS configuration: {0}")]
     InvalidConfig(String),

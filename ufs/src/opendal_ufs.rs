@@ -3,17 +3,58 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::{ErrorKind as OdErrorKind, Metadata, Operator, options::ReadOptions};
 
 use crate::spec::UfsSpec;
 use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory, synthetic_version};
 
 /// Mount options that Strata itself interprets; everything else goes to opendal.
-pub const STRATA_MOUNT_OPTIONS: &[&str] = &["block_size", "metadata_ttl"];
+pub const STRATA_MOUNT_OPTIONS: &[&str] =
+    &["block_size", "metadata_ttl", "mode", "ufs_retries", "ufs_timeout", "ufs_io_timeout"];
+
+/// Retries of a failed UFS request (with jittered exponential backoff) unless the mount sets
+/// `ufs_retries`.
+pub const DEFAULT_UFS_RETRIES: usize = 4;
+/// Deadline of one UFS metadata request unless the mount sets `ufs_timeout`.
+pub const DEFAULT_UFS_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest silence inside one UFS data transfer unless the mount sets `ufs_io_timeout`.
+pub const DEFAULT_UFS_IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn option<T>(
+    options: &BTreeMap<String, String>,
+    key: &str,
+    default: T,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<T> {
+    match options.get(key) {
+        None => Ok(default),
+        Some(v) => {
+            parse(v).ok_or_else(|| UfsError::InvalidConfig(format!("mount option {key}={v:?} is not valid")))
+        }
+    }
+}
+
+/// `250ms`, `10s`, `5m`, `1h`, `0` → duration (other bare numbers are refused: the unit must
+/// be explicit).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "" if n == 0 => Duration::ZERO,
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60)?),
+        "h" => Duration::from_secs(n.checked_mul(3600)?),
+        _ => return None,
+    })
+}
 
 pub struct OpendalUfs {
     op: Operator,
@@ -45,13 +86,54 @@ impl OpendalUfs {
                 config.push(("root".into(), root.clone()));
                 "fs"
             }
-            UfsSpec::S3 { bucket, root } => {
+            UfsSpec::S3 { bucket, root } | UfsSpec::Gcs { bucket, root } | UfsSpec::Oss { bucket, root } => {
                 config.push(("bucket".into(), bucket.clone()));
                 config.push(("root".into(), root.clone()));
-                "s3"
+                let region_known = options.contains_key("region")
+                    || std::env::var_os("AWS_REGION").is_some()
+                    || std::env::var_os("AWS_DEFAULT_REGION").is_some();
+                if matches!(spec, UfsSpec::S3 { .. }) && !region_known {
+                    // What most S3-compatible stores accept; AWS buckets elsewhere set `region`.
+                    config.push(("region".into(), "us-east-1".into()));
+                }
+                match &spec {
+                    UfsSpec::S3 { .. } => "s3",
+                    UfsSpec::Gcs { .. } => "gcs",
+                    _ => "oss",
+                }
+            }
+            UfsSpec::Azblob { container, root } => {
+                config.push(("container".into(), container.clone()));
+                config.push(("root".into(), root.clone()));
+                "azblob"
+            }
+            UfsSpec::Hdfs { name_node, root } => {
+                config.push(("name_node".into(), name_node.clone()));
+                config.push(("root".into(), root.clone()));
+                "hdfs-native"
+            }
+            UfsSpec::Webhdfs { endpoint, root } => {
+                config.push(("endpoint".into(), endpoint.clone()));
+                config.push(("root".into(), root.clone()));
+                "webhdfs"
             }
         };
-        let op = Operator::via_iter(scheme, config).map_err(|e| UfsError::InvalidConfig(e.to_string()))?;
+        let retries =
+            option(options, "ufs_retries", DEFAULT_UFS_RETRIES, |v| v.parse().ok().filter(|n| *n <= 20))?;
+        let timeout = option(options, "ufs_timeout", DEFAULT_UFS_TIMEOUT, parse_duration)?;
+        let io_timeout = option(options, "ufs_io_timeout", DEFAULT_UFS_IO_TIMEOUT, parse_duration)?;
+        let op = Operator::via_iter(scheme, config)
+            .map_err(|e| UfsError::InvalidConfig(e.to_string()))?
+            // Inside the retries: each attempt gets its own deadline, so a stalled response is
+            // abandoned and tried again instead of hanging the read.
+            .layer(TimeoutLayer::new().with_timeout(timeout).with_io_timeout(io_timeout))
+            .layer(
+                RetryLayer::new()
+                    .with_max_times(retries)
+                    .with_jitter()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_delay(Duration::from_secs(2)),
+            );
         let conditional_reads = op.info().capability().read_with_if_match;
         Ok(Self { op, conditional_reads })
     }
@@ -185,5 +267,59 @@ mod tests {
             ufs.read_range("sub/a.bin", 0..5, "m1-s11").await,
             Err(UfsError::VersionChanged(_))
         ));
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// Every supported service builds from a URI and options without contacting anything
+    /// (there is no HDFS, GCS, Azure or OSS endpoint here; `mount add` reaches the UFS after).
+    #[test]
+    fn every_supported_scheme_builds() {
+        for (uri, options) in [
+            ("s3://bucket/prefix", opts(&[("endpoint", "http://127.0.0.1:1"), ("region", "garage")])),
+            ("hdfs://127.0.0.1:8020/warehouse", opts(&[])),
+            ("webhdfs://127.0.0.1:9870/warehouse", opts(&[("user_name", "etl")])),
+            ("gcs://bucket/p", opts(&[("credential", "e30=")])),
+            ("azblob://container/p", opts(&[("account_name", "a"), ("endpoint", "http://127.0.0.1:1")])),
+            ("oss://bucket/p", opts(&[("endpoint", "http://127.0.0.1:1")])),
+        ] {
+            if let Err(e) = OpendalUfs::open(uri, &options) {
+                panic!("{uri}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn strata_options_are_validated_and_not_passed_to_opendal() {
+        let ok = opts(&[
+            ("ufs_retries", "2"),
+            ("ufs_timeout", "3s"),
+            ("ufs_io_timeout", "500ms"),
+            ("block_size", "1MiB"),
+        ]);
+        OpendalUfs::open("s3://b", &ok).unwrap();
+        for (k, v) in [("ufs_retries", "many"), ("ufs_timeout", "10"), ("ufs_io_timeout", "soon")] {
+            let e = OpendalUfs::open("s3://b", &opts(&[(k, v)])).err().expect("must fail");
+            assert!(e.to_string().contains(k), "{e}");
+        }
+        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("7"), None);
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn a_missing_local_root_is_refused_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("typo");
+        let e = OpendalUfs::open(&format!("file://{}", missing.display()), &opts(&[])).err().unwrap();
+        assert!(matches!(e, UfsError::NotFound(_)), "{e}");
+        assert!(!missing.exists());
     }
 }

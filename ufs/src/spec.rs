@@ -11,7 +11,20 @@ pub enum UfsSpec {
     Fs { root: String },
     /// `s3://bucket/optional/prefix`
     S3 { bucket: String, root: String },
+    /// `hdfs://namenode:port/path` (native HDFS RPC, no JVM)
+    Hdfs { name_node: String, root: String },
+    /// `webhdfs://host:port/path` (HDFS over its REST API)
+    Webhdfs { endpoint: String, root: String },
+    /// `gcs://bucket/prefix`
+    Gcs { bucket: String, root: String },
+    /// `azblob://container/prefix` (account and endpoint come from options)
+    Azblob { container: String, root: String },
+    /// `oss://bucket/prefix` (endpoint from options)
+    Oss { bucket: String, root: String },
 }
+
+/// The schemes [`UfsSpec::parse`] accepts.
+pub const SUPPORTED_SCHEMES: &[&str] = &["file", "s3", "hdfs", "webhdfs", "gcs", "azblob", "oss"];
 
 impl UfsSpec {
     pub fn parse(uri: &str) -> Result<Self> {
@@ -29,14 +42,23 @@ impl UfsSpec {
                     .map_err(|e| UfsError::InvalidConfig(format!("{uri:?}: {e}")))?;
                 Ok(UfsSpec::Fs { root })
             }
-            "s3" => {
-                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-                if bucket.is_empty() {
-                    return Err(UfsError::InvalidConfig(format!("{uri:?}: missing bucket name")));
+            "s3" | "gcs" | "azblob" | "oss" | "hdfs" | "webhdfs" => {
+                let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+                if authority.is_empty() {
+                    let what = if matches!(scheme, "hdfs" | "webhdfs") { "host:port" } else { "bucket name" };
+                    return Err(UfsError::InvalidConfig(format!("{uri:?}: missing {what}")));
                 }
-                let root = strata_common::path::normalize(&format!("/{prefix}"))
+                let root = strata_common::path::normalize(&format!("/{path}"))
                     .map_err(|e| UfsError::InvalidConfig(format!("{uri:?}: {e}")))?;
-                Ok(UfsSpec::S3 { bucket: bucket.to_string(), root })
+                let name = authority.to_string();
+                Ok(match scheme {
+                    "s3" => UfsSpec::S3 { bucket: name, root },
+                    "gcs" => UfsSpec::Gcs { bucket: name, root },
+                    "azblob" => UfsSpec::Azblob { container: name, root },
+                    "oss" => UfsSpec::Oss { bucket: name, root },
+                    "hdfs" => UfsSpec::Hdfs { name_node: format!("hdfs://{name}"), root },
+                    _ => UfsSpec::Webhdfs { endpoint: format!("http://{name}"), root },
+                })
             }
             other => Err(UfsError::UnsupportedScheme(other.to_string())),
         }
@@ -69,6 +91,26 @@ mod tests {
             UfsSpec::S3 { bucket: "b".into(), root: "/p/q".into() }
         );
         assert_eq!(UfsSpec::parse("s3://b").unwrap(), UfsSpec::S3 { bucket: "b".into(), root: "/".into() });
+        assert_eq!(
+            UfsSpec::parse("hdfs://nn:8020/warehouse/x").unwrap(),
+            UfsSpec::Hdfs { name_node: "hdfs://nn:8020".into(), root: "/warehouse/x".into() }
+        );
+        assert_eq!(
+            UfsSpec::parse("webhdfs://nn:9870/w").unwrap(),
+            UfsSpec::Webhdfs { endpoint: "http://nn:9870".into(), root: "/w".into() }
+        );
+        assert_eq!(
+            UfsSpec::parse("gcs://g/p").unwrap(),
+            UfsSpec::Gcs { bucket: "g".into(), root: "/p".into() }
+        );
+        assert_eq!(
+            UfsSpec::parse("azblob://c").unwrap(),
+            UfsSpec::Azblob { container: "c".into(), root: "/".into() }
+        );
+        assert_eq!(
+            UfsSpec::parse("oss://o/a/b").unwrap(),
+            UfsSpec::Oss { bucket: "o".into(), root: "/a/b".into() }
+        );
     }
 
     #[test]
@@ -78,6 +120,10 @@ mod tests {
         assert!(matches!(UfsSpec::parse("file://relative"), Err(UfsError::InvalidConfig(_))));
         assert!(matches!(UfsSpec::parse("file:///a/../b"), Err(UfsError::InvalidConfig(_))));
         assert!(matches!(UfsSpec::parse("s3:///x"), Err(UfsError::InvalidConfig(_))));
+        assert!(
+            matches!(UfsSpec::parse("hdfs:///x"), Err(UfsError::InvalidConfig(m)) if m.contains("host:port"))
+        );
+        assert!(matches!(UfsSpec::parse("s3://b/../etc"), Err(UfsError::InvalidConfig(_))));
     }
 
     #[test]
