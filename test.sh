@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property, in-process cluster,
-# CLI). Installs what it needs; safe to run on a fresh clone.
+# CLI, the UFS suite against a real S3 server). Installs what it needs (Garage, cached under
+# $HOME); safe to run on a fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -16,6 +17,16 @@ cargo fmt --all -- --check
 
 log "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "S3 server"
+if [ -z "${STRATA_TEST_S3_ENDPOINT:-}" ]; then
+  # shellcheck source=scripts/garage.sh
+  source scripts/garage.sh
+  garage_ensure
+  garage_start
+else
+  echo "using the S3 endpoint from the environment: $STRATA_TEST_S3_ENDPOINT"
+fi
 
 log "tests"
 if cargo nextest --version >/dev/null 2>&1; then

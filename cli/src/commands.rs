@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use strata_master::mounts::parse_size;
 use strata_master::{Master, MasterConfig};
 use strata_ufs::OpendalFactory;
 use strata_worker::{Worker, WorkerConfig};
-use tokio::io::AsyncWriteExt;
+use tokio::io::AsyncReadExt;
 
 use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, WorkerArgs};
 
@@ -259,12 +260,27 @@ async fn stat(master: &str, path: &str, sync: bool, as_json: bool) -> Result<()>
     Ok(())
 }
 
+/// Streams a reader into a blocking writer with large buffers. Tokio's stdout and file
+/// writers hop to a blocking thread for every 8 KiB write, which capped `cat` at ~160 MB/s.
+async fn stream_to(reader: &mut strata_client::StrataReader, out: &mut impl std::io::Write) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; 8 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(total);
+        }
+        tokio::task::block_in_place(|| out.write_all(&buf[..n]))?;
+        total += n as u64;
+    }
+}
+
 async fn cat(master: &str, path: &str) -> Result<()> {
     let client = connect(master).await?;
     let mut reader = client.open(path).await?;
-    let mut stdout = tokio::io::stdout();
-    tokio::io::copy(&mut reader, &mut stdout).await.with_context(|| format!("reading {path}"))?;
-    stdout.flush().await?;
+    let mut stdout = std::io::stdout().lock();
+    stream_to(&mut reader, &mut stdout).await.with_context(|| format!("reading {path}"))?;
+    stdout.flush()?;
     Ok(())
 }
 
@@ -278,18 +294,17 @@ async fn cp(master: &str, path: &str, dest: &Path) -> Result<()> {
     };
     // Written beside the destination and renamed, so a failed copy never leaves a torn file.
     let tmp = dest.with_extension("strata-partial");
-    let mut file =
-        tokio::fs::File::create(&tmp).await.with_context(|| format!("creating {}", tmp.display()))?;
-    let copied = tokio::io::copy(&mut reader, &mut file).await;
+    let mut file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let copied = stream_to(&mut reader, &mut file).await;
     let n = match copied {
         Ok(n) => n,
         Err(e) => {
-            let _ = tokio::fs::remove_file(&tmp).await;
+            let _ = std::fs::remove_file(&tmp);
             bail!("reading {path}: {e}");
         }
     };
-    file.sync_all().await?;
-    tokio::fs::rename(&tmp, &dest).await?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, &dest)?;
     eprintln!("copied {n} bytes to {}", dest.display());
     Ok(())
 }

@@ -28,7 +28,8 @@ pub struct ClusterOptions {
     pub heartbeat_interval_ms: u64,
     pub memory_capacity: u64,
     pub nvme_capacity: u64,
-    /// Options of the `/data` mount (block_size, metadata_ttl, ...).
+    /// Options of the `/data` mount (block_size, metadata_ttl, ...); they override the UFS's
+    /// own (a test can point `endpoint` at a fault proxy).
     pub mount_options: Vec<(String, String)>,
 }
 
@@ -104,7 +105,7 @@ impl Cluster {
         cluster.wait_for_live_workers(opts.workers).await;
         let client = cluster.client().await;
         let options: HashMap<String, String> =
-            opts.mount_options.into_iter().chain(cluster.ufs.mount_options()).collect();
+            cluster.ufs.mount_options().into_iter().chain(opts.mount_options).collect();
         client.add_mount("/data", &cluster.ufs_uri(), options).await.expect("mount /data");
         cluster
     }
@@ -232,16 +233,40 @@ impl Cluster {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+/// Deterministic pseudo-random bytes, so failures reproduce.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
+    let mut out = vec![0u8; len];
+    fill_pattern(seed, 0, &mut out);
     out
+}
+
+/// The bytes of [`pattern`] at any offset, so a stream of any size can be produced and checked
+/// piece by piece without holding it.
+pub fn fill_pattern(seed: u64, offset: u64, buf: &mut [u8]) {
+    fn word(seed: u64, index: u64) -> [u8; 8] {
+        // splitmix64
+        let mut z = (seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)).to_le_bytes()
+    }
+    let mut pos = 0usize;
+    while pos < buf.len() {
+        let abs = offset + pos as u64;
+        let w = word(seed, abs / 8);
+        let start = (abs % 8) as usize;
+        let n = (8 - start).min(buf.len() - pos);
+        buf[pos..pos + n].copy_from_slice(&w[start..start + n]);
+        pos += n;
+    }
+}
+
+/// Peak resident memory of this process so far (VmHWM), in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }

@@ -1,0 +1,116 @@
+//! S3 faults between the workers and a real S3 server (Garage), injected by an HTTP proxy:
+//! 500s and 503 SlowDown, stalls, cut responses, refused connections, wrong credentials.
+//! One worker, so a fault cannot be papered over by failing over to another worker.
+
+use std::time::{Duration, Instant};
+
+use strata_client::ClientError;
+use strata_testkit::fault_proxy::{Fault, FaultProxy};
+use strata_testkit::{Cluster, ClusterOptions, TestUfs, pattern};
+
+const MIB: usize = 1 << 20;
+
+async fn setup(extra: &[(&str, &str)]) -> (Cluster, FaultProxy) {
+    let ufs = TestUfs::s3();
+    let proxy = FaultProxy::start(ufs.endpoint_addr()).await;
+    let mut mount_options = vec![
+        ("endpoint".to_string(), proxy.endpoint()),
+        ("block_size".to_string(), "1MiB".to_string()),
+        ("metadata_ttl".to_string(), "60s".to_string()),
+    ];
+    mount_options.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let opts = ClusterOptions { workers: 1, mount_options, ..ClusterOptions::default() };
+    (Cluster::start_with(opts, ufs).await, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transient_500s_are_retried_away() {
+    let (c, proxy) = setup(&[("ufs_retries", "3")]).await;
+    let data = pattern(MIB / 2, 1);
+    c.ufs.put("r.bin", data.clone()).await;
+    let client = c.client().await;
+    client.stat("/data/r.bin").await.unwrap(); // metadata cached: only the GET meets the faults
+    let before = proxy.requests();
+    proxy.push(Fault::Status(500, "InternalError"));
+    proxy.push(Fault::Status(503, "SlowDown"));
+    proxy.push(Fault::Reset);
+    assert_eq!(client.read_all("/data/r.bin").await.unwrap(), data);
+    assert_eq!(proxy.requests() - before, 4, "three failed attempts, then the one that succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn persistent_slowdown_becomes_a_clear_temporary_error() {
+    let (c, proxy) = setup(&[("ufs_retries", "2")]).await;
+    c.ufs.put("s.bin", pattern(1000, 2)).await;
+    let client = c.client().await;
+    client.stat("/data/s.bin").await.unwrap();
+    proxy.set_default(Fault::Status(503, "SlowDown"));
+    let e = client.read_all("/data/s.bin").await.unwrap_err();
+    assert!(e.is_temporary(), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("SlowDown") || msg.contains("503"), "{msg}");
+    assert!(proxy.requests() >= 3, "the worker retried before giving up");
+    // Once the store recovers, the same read works: the error was not cached.
+    proxy.clear();
+    assert_eq!(client.read_all("/data/s.bin").await.unwrap(), pattern(1000, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_response_hits_the_deadline() {
+    let (c, proxy) = setup(&[("ufs_retries", "1"), ("ufs_timeout", "1s"), ("ufs_io_timeout", "1s")]).await;
+    c.ufs.put("stall.bin", pattern(1000, 3)).await;
+    let client = c.client().await;
+    client.stat("/data/stall.bin").await.unwrap();
+    proxy.set_default(Fault::Stall);
+    let started = Instant::now();
+    let e = client.read_all("/data/stall.bin").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(20), "the deadline was not enforced: {took:?}");
+    assert!(e.is_temporary(), "{e}");
+    proxy.clear();
+    assert_eq!(client.read_all("/data/stall.bin").await.unwrap(), pattern(1000, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_response_never_leaves_half_a_block_cached() {
+    let (c, proxy) = setup(&[("ufs_retries", "0"), ("ufs_io_timeout", "1s")]).await;
+    let data = pattern(MIB, 4);
+    c.ufs.put("cut.bin", data.clone()).await;
+    let client = c.client().await;
+    client.stat("/data/cut.bin").await.unwrap();
+    proxy.push(Fault::Truncate(64 * 1024));
+    let e = client.read_all("/data/cut.bin").await.unwrap_err();
+    assert!(e.is_temporary(), "{e}");
+    assert_eq!(c.ufs_reads(), 0, "no UFS read completed");
+    assert_eq!(client.read_all("/data/cut.bin").await.unwrap(), data, "the whole block, fetched again");
+    assert_eq!(c.ufs_reads(), 1);
+    c.flush().await;
+    let before = c.ufs_reads();
+    assert_eq!(client.read_all("/data/cut.bin").await.unwrap(), data);
+    assert_eq!(c.ufs_reads(), before, "now it is cached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_endpoints_and_wrong_credentials_fail_at_mount_time() {
+    let (c, _proxy) = setup(&[]).await;
+    let client = c.client().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut options: std::collections::HashMap<String, String> = c.ufs.mount_options().into_iter().collect();
+    options.insert("endpoint".into(), format!("http://{closed}"));
+    options.insert("ufs_retries".into(), "1".into());
+    let e = client.add_mount("/refused", &c.ufs_uri(), options.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("/refused"), "the error names the mount: {e}");
+
+    let mut wrong = c.ufs.mount_options().into_iter().collect::<std::collections::HashMap<_, _>>();
+    wrong.insert("secret_access_key".into(), "not-the-secret".into());
+    let e = client.add_mount("/badkey", &c.ufs_uri(), wrong).await.unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("/badkey"), "the error names the mount: {msg}");
+    assert!(!msg.contains("not-the-secret"), "secrets never appear in errors: {msg}");
+    assert!(!matches!(e, ClientError::NotFound(_)), "{e}");
+    let mounts: Vec<String> = client.mounts().await.unwrap().into_iter().map(|m| m.path).collect();
+    assert_eq!(mounts, vec!["/data".to_string()], "failed mounts are not added");
+    // And the mount that exists never shows its secret.
+    let shown = &client.mounts().await.unwrap()[0];
+    assert_eq!(shown.options.get("secret_access_key").map(String::as_str), Some("***"));
+}
