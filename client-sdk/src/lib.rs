@@ -95,6 +95,9 @@ impl From<strata_proto::FileStatus> for FileInfo {
 
 struct View {
     ring: Ring,
+    /// The last ring that had members: when the master (rightly or not) reports no live
+    /// worker, reads still try the workers it last knew before giving up.
+    last_members: Ring,
     mounts: Vec<MountInfo>,
     fetched: Instant,
 }
@@ -105,6 +108,7 @@ struct Inner {
     transport: Arc<dyn Transport>,
     view: RwLock<View>,
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
+    failovers: std::sync::atomic::AtomicU64,
 }
 
 /// A cheap-to-clone handle; clones share connections and caches.
@@ -137,15 +141,23 @@ impl Client {
                 transport,
                 view: RwLock::new(View {
                     ring: Ring::default(),
+                    last_members: Ring::default(),
                     mounts: Vec::new(),
                     fetched: Instant::now(),
                 }),
                 stats: Mutex::new(HashMap::new()),
+                failovers: Default::default(),
                 config,
             }),
         };
         client.refresh_view().await?;
         Ok(client)
+    }
+
+    /// Block reads that another worker served after the owner failed (as the
+    /// `strata_client_failovers_total` metric, for this client alone).
+    pub fn failovers(&self) -> u64 {
+        self.inner.failovers.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -169,8 +181,14 @@ impl Client {
             membership.workers.into_iter().map(|w| Member { id: w.id, data_addr: w.data_addr }).collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
         debug!(epoch = ring.epoch(), workers = ring.members().len(), "membership refreshed");
-        *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) =
-            View { ring, mounts: mounts.mounts, fetched: Instant::now() };
+        let mut view = self.inner.view.write().unwrap_or_else(|p| p.into_inner());
+        if !ring.is_empty() {
+            view.last_members = ring.clone();
+        }
+        view.ring = ring;
+        view.mounts = mounts.mounts;
+        view.fetched = Instant::now();
+        drop(view);
         Ok(())
     }
 
@@ -294,7 +312,10 @@ impl Client {
                 // Every worker we knew failed: the membership may have moved under us.
                 self.refresh_view().await.ok();
             }
-            let ring = self.ring().await?;
+            let mut ring = self.ring().await?;
+            if ring.is_empty() {
+                ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
+            }
             if ring.is_empty() {
                 return Err(ClientError::Unavailable("no live workers in the cluster".into()));
             }
@@ -303,6 +324,7 @@ impl Client {
                     Ok((bytes, _source)) => {
                         if attempt > 0 || round > 0 {
                             metrics::counter!(METRIC_FAILOVERS).increment(1);
+                            self.inner.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                         return Ok(bytes);
                     }

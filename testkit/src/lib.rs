@@ -37,7 +37,8 @@ impl Default for ClusterOptions {
     fn default() -> Self {
         Self {
             workers: 3,
-            worker_timeout_ms: 1_500,
+            // Generous: a loaded CI machine can delay heartbeats by seconds.
+            worker_timeout_ms: 5_000,
             heartbeat_interval_ms: 100,
             memory_capacity: 256 << 20,
             nvme_capacity: 1 << 30,
@@ -65,6 +66,10 @@ impl Cluster {
 
     /// A cluster with `ufs` mounted at `/data`.
     pub async fn start_with(opts: ClusterOptions, ufs: TestUfs) -> Self {
+        // Logs go to the test's captured output (shown when it fails); RUST_LOG filters them.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
         let state_dir = tempfile::tempdir().expect("tempdir");
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
         let mut master_config = MasterConfig {

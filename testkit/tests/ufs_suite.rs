@@ -67,7 +67,8 @@ async fn odd_key_names(ufs: TestUfs) {
         assert_eq!(client.read_all(&path).await.unwrap(), pattern(100 + i, i as u64), "{n}");
         assert_eq!(client.stat(&path).await.unwrap().size, 100 + i as u64);
     }
-    let listed: Vec<String> = client.list("/data/ünïcödé").await.unwrap().into_iter().map(|e| e.path).collect();
+    let listed: Vec<String> =
+        client.list("/data/ünïcödé").await.unwrap().into_iter().map(|e| e.path).collect();
     assert_eq!(listed, vec!["/data/ünïcödé/数据 集.bin".to_string()]);
 }
 
@@ -102,7 +103,8 @@ async fn range_reads_at_block_edges(ufs: TestUfs) {
 
 async fn ten_thousand_small_objects(ufs: TestUfs) {
     let c = cluster(ufs).await;
-    let objects: Vec<_> = (0..10_000u64).map(|i| (format!("small/d{}/o{i}", i % 10), pattern(1024, i))).collect();
+    let objects: Vec<_> =
+        (0..10_000u64).map(|i| (format!("small/d{}/o{i}", i % 10), pattern(1024, i))).collect();
     put_many(&c.ufs, objects).await;
     let client = c.client().await;
     let listed = client.list("/data/small/d3").await.unwrap();
@@ -128,7 +130,8 @@ async fn ten_thousand_small_objects(ufs: TestUfs) {
 }
 
 async fn two_gib_object_streams_in_bounded_memory(ufs: TestUfs) {
-    let opts = ClusterOptions { memory_capacity: 64 * MIB, nvme_capacity: 512 * MIB, ..ClusterOptions::default() };
+    let opts =
+        ClusterOptions { memory_capacity: 64 * MIB, nvme_capacity: 512 * MIB, ..ClusterOptions::default() };
     let c = Cluster::start_with(opts, ufs).await;
     let size: u64 = 2 << 30;
     let seed = 77;
@@ -172,10 +175,14 @@ async fn overwritten_and_deleted_objects(ufs: TestUfs) {
         .ufs
         .mount_options()
         .into_iter()
-        .chain([("metadata_ttl".to_string(), "300ms".to_string()), ("block_size".to_string(), "1MiB".to_string())])
+        .chain([
+            ("metadata_ttl".to_string(), "300ms".to_string()),
+            ("block_size".to_string(), "1MiB".to_string()),
+        ])
         .collect();
     client.add_mount("/fresh", &c.ufs_uri(), options).await.unwrap();
-    let (v1, v2, v3) = (pattern(2 * MIB as usize, 1), pattern(2 * MIB as usize, 2), pattern(2 * MIB as usize, 3));
+    let (v1, v2, v3) =
+        (pattern(2 * MIB as usize, 1), pattern(2 * MIB as usize, 2), pattern(2 * MIB as usize, 3));
     c.ufs.put("obj.bin", v1.clone()).await;
     assert_eq!(client.read_all("/fresh/obj.bin").await.unwrap(), v1);
     let old = client.stat("/fresh/obj.bin").await.unwrap().version;
