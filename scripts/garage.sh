@@ -50,11 +50,15 @@ TOML
   "${g[@]}" server > "$GARAGE_DIR/server.log" 2>&1 &
   GARAGE_PID=$!
   trap garage_stop EXIT
-  local node=""
-  for _ in $(seq 1 100); do
-    node=$("${g[@]}" node id -q 2>/dev/null | cut -d@ -f1) && [ -n "$node" ] && break
+  local node="" up=""
+  for _ in $(seq 1 150); do
+    if "${g[@]}" status > /dev/null 2>&1; then
+      up=1
+      break
+    fi
     sleep 0.2
   done
+  [ -n "$up" ] && node=$("${g[@]}" node id -q 2>/dev/null | cut -d@ -f1)
   if [ -z "$node" ]; then
     echo "garage did not start; its log:" >&2
     cat "$GARAGE_DIR/server.log" >&2
