@@ -171,6 +171,14 @@ fn to_meta(meta: &Metadata) -> ObjectMeta {
 #[async_trait]
 impl Ufs for OpendalUfs {
     async fn stat(&self, path: &str) -> Result<ObjectMeta> {
+        if path.is_empty() {
+            // opendal answers a stat of an object store's root without a request; listing one
+            // entry really reaches the endpoint and checks the bucket and the credentials.
+            use futures::TryStreamExt;
+            let mut lister = self.op.lister_with("/").limit(1).await.map_err(|e| map_err("/", e))?;
+            lister.try_next().await.map_err(|e| map_err("/", e))?;
+            return Ok(ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 });
+        }
         let meta = match self.op.stat(path).await {
             // Object stores have no directories: a prefix with children is one.
             Err(e) if e.kind() == OdErrorKind::NotFound && !path.is_empty() => {
