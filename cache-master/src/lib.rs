@@ -3,11 +3,14 @@
 
 mod blockmap;
 pub mod config;
+pub mod jobs;
 mod membership;
 pub mod metrics_defs;
 pub mod mounts;
+pub mod schedule;
 mod service;
 pub mod store;
+mod warmup;
 
 pub use config::MasterConfig;
 pub use service::{Master, MasterError, MasterHandle};

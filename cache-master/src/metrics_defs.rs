@@ -14,3 +14,9 @@ pub const METADATA_CACHE: &str = "strata_master_metadata_cache_total";
 pub const BLOCKS: &str = "strata_master_blocks";
 /// Gauge: mounts in the mount table.
 pub const MOUNTS: &str = "strata_master_mounts";
+/// Counter: load jobs submitted (by hand or by a schedule).
+pub const JOBS_SUBMITTED: &str = "strata_master_jobs_submitted_total";
+/// Counter, label `state` (`JOB_STATE_SUCCEEDED`/`_FAILED`/`_CANCELLED`): load jobs that ended.
+pub const JOBS_FINISHED: &str = "strata_master_jobs_finished_total";
+/// Counter: block load tasks handed to workers (a retried task counts again).
+pub const LOAD_TASKS_ASSIGNED: &str = "strata_master_load_tasks_assigned_total";

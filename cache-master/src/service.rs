@@ -12,14 +12,17 @@ use moka::future::Cache;
 use strata_common::{ErrorKind, block, path};
 use strata_proto::master_server::{Master as MasterRpc, MasterServer};
 use strata_proto::{
-    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, Empty, FileStatus,
-    HeartbeatRequest, HeartbeatResponse, ListRequest, ListResponse, MountInfo, MountList,
-    RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, Replica, StatRequest, WorkerCounters,
+    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, Empty,
+    FetchLoadTasksRequest, FileStatus, HeartbeatRequest, HeartbeatResponse, JobId, JobInfo, JobList,
+    ListJobsRequest, ListRequest, ListResponse, LoadTasks, MountInfo, MountList, RegisterWorkerRequest,
+    RegisterWorkerResponse, RemoveMountRequest, Replica, ReportLoadTasksRequest, ReportLoadTasksResponse,
+    ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, WorkerCounters,
     WorkerMountsRequest, WorkerStatus,
 };
 use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory, redact_options};
 use thiserror::Error;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -27,10 +30,13 @@ use tracing::{info, warn};
 
 use crate::blockmap::BlockMap;
 use crate::config::MasterConfig;
+use crate::jobs::{Jobs, LoadSettings};
 use crate::membership::Membership;
 use crate::metrics_defs as m;
 use crate::mounts::{Mount, MountError, MountRecord, MountTable};
+use crate::schedule::Schedules;
 use crate::store::{MetaStore, RedbStore, StoreError};
+use crate::warmup::schedule_info;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -43,9 +49,9 @@ pub enum MasterError {
 
 type RpcResult<T> = Result<Response<T>, Status>;
 
-struct CachedStat {
-    at: Instant,
-    meta: ObjectMeta,
+pub(crate) struct CachedStat {
+    pub(crate) at: Instant,
+    pub(crate) meta: ObjectMeta,
 }
 
 struct CachedList {
@@ -53,23 +59,37 @@ struct CachedList {
     entries: Vec<UfsEntry>,
 }
 
-struct State {
-    config: MasterConfig,
-    membership: Mutex<Membership>,
+pub(crate) struct State {
+    pub(crate) config: MasterConfig,
+    pub(crate) membership: Mutex<Membership>,
     mounts: RwLock<MountTable>,
     mounts_epoch: Mutex<u64>,
-    blocks: Mutex<BlockMap>,
-    store: Arc<dyn MetaStore>,
+    pub(crate) blocks: Mutex<BlockMap>,
+    pub(crate) store: Arc<dyn MetaStore>,
     factory: Arc<dyn UfsFactory>,
-    stats: Cache<String, Arc<CachedStat>>,
+    pub(crate) stats: Cache<String, Arc<CachedStat>>,
     lists: Cache<String, Arc<CachedList>>,
+    pub(crate) jobs: Mutex<Jobs>,
+    pub(crate) schedules: Mutex<Schedules>,
+    /// Wakes workers long-polling for load tasks.
+    pub(crate) task_ready: Notify,
+    /// Wakes job runners (and followers) when tasks report.
+    pub(crate) progress: Notify,
+    /// Stops every job runner when the master shuts down.
+    pub(crate) jobs_cancel: CancellationToken,
+    pub(crate) runners: Mutex<Vec<JoinHandle<()>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Wall-clock milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn err(rpc: &'static str, kind: ErrorKind, msg: impl Into<String>) -> Status {
+pub(crate) fn err(rpc: &'static str, kind: ErrorKind, msg: impl Into<String>) -> Status {
     metrics::counter!(m::RPC_ERRORS, "rpc" => rpc, "kind" => kind.as_str()).increment(1);
     strata_proto::status(kind, msg)
 }
@@ -91,7 +111,11 @@ fn now_epoch_base() -> u64 {
 }
 
 impl State {
-    fn resolve(&self, rpc: &'static str, raw: &str) -> Result<(String, Arc<Mount>, String), Status> {
+    pub(crate) fn resolve(
+        &self,
+        rpc: &'static str,
+        raw: &str,
+    ) -> Result<(String, Arc<Mount>, String), Status> {
         let p = path::normalize(raw).map_err(|e| err(rpc, ErrorKind::InvalidArgument, e.to_string()))?;
         let mounts = self.mounts.read().unwrap_or_else(|p| p.into_inner());
         let (mount, rel) = mounts.resolve(&p).ok_or_else(|| {
@@ -100,7 +124,7 @@ impl State {
         Ok((p, mount, rel))
     }
 
-    async fn stat_path(
+    pub(crate) async fn stat_path(
         &self,
         rpc: &'static str,
         raw: &str,
@@ -186,6 +210,9 @@ impl State {
 
 #[derive(Clone)]
 struct Rpc(Arc<State>);
+
+/// Longest a worker's poll for load tasks is held open.
+const MAX_TASK_WAIT: Duration = Duration::from_secs(5);
 
 #[tonic::async_trait]
 impl MasterRpc for Rpc {
@@ -429,6 +456,114 @@ impl MasterRpc for Rpc {
         metrics::counter!(m::RPC_REQUESTS, "rpc" => "worker_mounts").increment(1);
         Ok(Response::new(self.0.mount_list(true)))
     }
+
+    async fn submit_load(&self, req: Request<SubmitLoadRequest>) -> RpcResult<JobInfo> {
+        const RPC: &str = "submit_load";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let req = req.into_inner();
+        let settings = LoadSettings::from(req.options.unwrap_or_default());
+        Ok(Response::new(self.0.submit(RPC, &req.path, settings, "").await?))
+    }
+
+    async fn get_job(&self, req: Request<JobId>) -> RpcResult<JobInfo> {
+        const RPC: &str = "get_job";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let id = req.into_inner().id;
+        let info = lock(&self.0.jobs).info(&id);
+        info.map(Response::new).ok_or_else(|| err(RPC, ErrorKind::NotFound, format!("no job {id}")))
+    }
+
+    async fn list_jobs(&self, req: Request<ListJobsRequest>) -> RpcResult<JobList> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "list_jobs").increment(1);
+        let req = req.into_inner();
+        let limit = if req.limit == 0 { usize::MAX } else { req.limit as usize };
+        let jobs = lock(&self.0.jobs);
+        let out = jobs
+            .ids()
+            .into_iter()
+            .filter(|id| req.finished || jobs.is_running(id))
+            .filter_map(|id| jobs.info(&id))
+            .take(limit)
+            .collect();
+        Ok(Response::new(JobList { jobs: out }))
+    }
+
+    async fn cancel_job(&self, req: Request<JobId>) -> RpcResult<JobInfo> {
+        const RPC: &str = "cancel_job";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let id = req.into_inner().id;
+        let result = lock(&self.0.jobs).cancel(&id, now_ms());
+        result.map_err(|_| err(RPC, ErrorKind::NotFound, format!("no job {id}")))?;
+        let record = lock(&self.0.jobs).take_dirty(&id);
+        if let Some(record) = record {
+            self.0.store.put_job(&record).map_err(|e| err(RPC, ErrorKind::Internal, e.to_string()))?;
+            info!(job = %id, "load job cancelled");
+        }
+        self.0.progress.notify_waiters();
+        let info = lock(&self.0.jobs).info(&id);
+        info.map(Response::new).ok_or_else(|| err(RPC, ErrorKind::NotFound, format!("no job {id}")))
+    }
+
+    async fn add_schedule(&self, req: Request<ScheduleRequest>) -> RpcResult<ScheduleInfo> {
+        const RPC: &str = "add_schedule";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let req = req.into_inner();
+        let settings = LoadSettings::from(req.options.unwrap_or_default());
+        Ok(Response::new(self.0.add_schedule(RPC, &req.cron, &req.tz, &req.path, settings).await?))
+    }
+
+    async fn list_schedules(&self, _: Request<Empty>) -> RpcResult<ScheduleList> {
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => "list_schedules").increment(1);
+        let schedules = lock(&self.0.schedules).records().map(schedule_info).collect();
+        Ok(Response::new(ScheduleList { schedules }))
+    }
+
+    async fn remove_schedule(&self, req: Request<ScheduleId>) -> RpcResult<Empty> {
+        const RPC: &str = "remove_schedule";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let id = req.into_inner().id;
+        let mut schedules = lock(&self.0.schedules);
+        if schedules.get(&id).is_none() {
+            return Err(err(RPC, ErrorKind::NotFound, format!("no schedule {id}")));
+        }
+        self.0.store.delete_schedule(&id).map_err(|e| err(RPC, ErrorKind::Internal, e.to_string()))?;
+        schedules.remove(&id);
+        info!(schedule = %id, "schedule removed");
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn fetch_load_tasks(&self, req: Request<FetchLoadTasksRequest>) -> RpcResult<LoadTasks> {
+        let req = req.into_inner();
+        let deadline = Instant::now() + Duration::from_millis(req.wait_ms).min(MAX_TASK_WAIT);
+        self.0.sync_ring();
+        loop {
+            let notified = self.0.task_ready.notified();
+            let tasks = lock(&self.0.jobs).fetch(&req.worker_id, req.max.max(1) as usize, Instant::now());
+            let now = Instant::now();
+            if !tasks.is_empty() || now >= deadline {
+                metrics::counter!(m::LOAD_TASKS_ASSIGNED).increment(tasks.len() as u64);
+                return Ok(Response::new(LoadTasks { tasks }));
+            }
+            // Tasks backing off become ready without a wake-up: look again soon.
+            let _ = tokio::time::timeout((deadline - now).min(Duration::from_millis(100)), notified).await;
+        }
+    }
+
+    async fn report_load_tasks(
+        &self,
+        req: Request<ReportLoadTasksRequest>,
+    ) -> RpcResult<ReportLoadTasksResponse> {
+        let req = req.into_inner();
+        let (touched, running_jobs) = {
+            let mut jobs = lock(&self.0.jobs);
+            let touched = jobs.report(&req.worker_id, &req.results, Instant::now());
+            (touched, jobs.running_ids())
+        };
+        if !touched.is_empty() {
+            self.0.progress.notify_waiters();
+        }
+        Ok(Response::new(ReportLoadTasksResponse { running_jobs }))
+    }
 }
 
 /// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
@@ -444,6 +579,12 @@ impl MasterHandle {
     /// Stops serving, closes connections and releases the store.
     pub async fn shutdown(self) {
         self.cancel.cancel();
+        self.state.jobs_cancel.cancel();
+        let runners = std::mem::take(&mut *lock(&self.state.runners));
+        for runner in runners {
+            runner.abort();
+            let _ = runner.await;
+        }
         for task in self.tasks {
             task.abort();
             let _ = task.await;
@@ -474,7 +615,24 @@ impl Master {
                 }
             }
         }
-        info!(mounts = table.len(), "master state loaded");
+        let mut jobs = Jobs::new((now_epoch_base() & 0xFFFF_FFFF_FFFF) << 16);
+        let mut resume = Vec::new();
+        for mut record in store.load_jobs()? {
+            if !record.phase.is_final() {
+                record.resumed += 1;
+                store.put_job(&record)?;
+                resume.push(record.id.clone());
+            }
+            jobs.insert(record);
+        }
+        let mut schedules = Schedules::default();
+        for record in store.load_schedules()? {
+            let id = record.id.clone();
+            if let Err(e) = schedules.insert(record, now_ms()) {
+                warn!(schedule = %id, err = %e, "stored schedule cannot be parsed; skipped");
+            }
+        }
+        info!(mounts = table.len(), resuming_jobs = resume.len(), "master state loaded");
         metrics::gauge!(m::MOUNTS).set(table.len() as f64);
         let state = Arc::new(State {
             membership: Mutex::new(Membership::new(
@@ -488,6 +646,12 @@ impl Master {
             factory,
             stats: Cache::builder().max_capacity(config.metadata_cache_entries).build(),
             lists: Cache::builder().max_capacity(config.metadata_cache_entries / 10 + 1).build(),
+            jobs: Mutex::new(jobs),
+            schedules: Mutex::new(schedules),
+            task_ready: Notify::new(),
+            progress: Notify::new(),
+            jobs_cancel: CancellationToken::new(),
+            runners: Mutex::new(Vec::new()),
             config,
         });
         let cancel = CancellationToken::new();
@@ -528,7 +692,29 @@ impl Master {
                 tick_state.tick();
             }
         });
+        // Resumed jobs wait for the workers to register again, so their tasks go to the owners
+        // on the whole ring and not to whichever worker came back first.
+        let settle =
+            Duration::from_millis(state.config.heartbeat_interval_ms * 3).max(Duration::from_secs(1));
+        for id in resume {
+            info!(job = %id, "resuming load job");
+            state.spawn_runner(id, settle);
+        }
+        let jobs_state = state.clone();
+        let jobs_ticker = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                interval.tick().await;
+                jobs_state.jobs_tick().await;
+            }
+        });
         info!(%rpc_addr, %http_addr, "master started");
-        Ok(MasterHandle { rpc_addr, http_addr, state, cancel, tasks: vec![server, http_task, ticker] })
+        Ok(MasterHandle {
+            rpc_addr,
+            http_addr,
+            state,
+            cancel,
+            tasks: vec![server, http_task, ticker, jobs_ticker],
+        })
     }
 }

@@ -7,9 +7,13 @@ use std::sync::Mutex;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
+use crate::jobs::JobRecord;
 use crate::mounts::MountRecord;
+use crate::schedule::ScheduleRecord;
 
 const MOUNTS: TableDefinition<&str, &str> = TableDefinition::new("mounts");
+const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
+const SCHEDULES: TableDefinition<&str, &str> = TableDefinition::new("schedules");
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -30,6 +34,12 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError>;
     fn put_mount(&self, record: &MountRecord) -> Result<(), StoreError>;
     fn delete_mount(&self, path: &str) -> Result<(), StoreError>;
+    /// Every job, running or finished (the history).
+    fn load_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
+    fn put_job(&self, record: &JobRecord) -> Result<(), StoreError>;
+    fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
+    fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError>;
+    fn delete_schedule(&self, id: &str) -> Result<(), StoreError>;
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -46,6 +56,8 @@ impl RedbStore {
         let db = Database::create(path).map_err(db_err)?;
         let txn = db.begin_write().map_err(db_err)?;
         txn.open_table(MOUNTS).map_err(db_err)?;
+        txn.open_table(JOBS).map_err(db_err)?;
+        txn.open_table(SCHEDULES).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db: Mutex::new(Some(db)) })
     }
@@ -56,11 +68,14 @@ impl RedbStore {
     }
 }
 
-impl MetaStore for RedbStore {
-    fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError> {
+impl RedbStore {
+    fn load_all<T: serde::de::DeserializeOwned>(
+        &self,
+        def: TableDefinition<&str, &str>,
+    ) -> Result<Vec<T>, StoreError> {
         self.with_db(|db| {
             let txn = db.begin_read().map_err(db_err)?;
-            let table = txn.open_table(MOUNTS).map_err(db_err)?;
+            let table = txn.open_table(def).map_err(db_err)?;
             let mut out = Vec::new();
             for row in table.iter().map_err(db_err)? {
                 let (k, v) = row.map_err(db_err)?;
@@ -72,24 +87,60 @@ impl MetaStore for RedbStore {
         })
     }
 
-    fn put_mount(&self, record: &MountRecord) -> Result<(), StoreError> {
+    fn put(
+        &self,
+        def: TableDefinition<&str, &str>,
+        key: &str,
+        record: &impl serde::Serialize,
+    ) -> Result<(), StoreError> {
         let value = serde_json::to_string(record).map_err(db_err)?;
         self.with_db(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            txn.open_table(MOUNTS)
-                .map_err(db_err)?
-                .insert(record.path.as_str(), value.as_str())
-                .map_err(db_err)?;
+            txn.open_table(def).map_err(db_err)?.insert(key, value.as_str()).map_err(db_err)?;
             txn.commit().map_err(db_err)
         })
     }
 
-    fn delete_mount(&self, path: &str) -> Result<(), StoreError> {
+    fn delete(&self, def: TableDefinition<&str, &str>, key: &str) -> Result<(), StoreError> {
         self.with_db(|db| {
             let txn = db.begin_write().map_err(db_err)?;
-            txn.open_table(MOUNTS).map_err(db_err)?.remove(path).map_err(db_err)?;
+            txn.open_table(def).map_err(db_err)?.remove(key).map_err(db_err)?;
             txn.commit().map_err(db_err)
         })
+    }
+}
+
+impl MetaStore for RedbStore {
+    fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError> {
+        self.load_all(MOUNTS)
+    }
+
+    fn put_mount(&self, record: &MountRecord) -> Result<(), StoreError> {
+        self.put(MOUNTS, &record.path, record)
+    }
+
+    fn delete_mount(&self, path: &str) -> Result<(), StoreError> {
+        self.delete(MOUNTS, path)
+    }
+
+    fn load_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        self.load_all(JOBS)
+    }
+
+    fn put_job(&self, record: &JobRecord) -> Result<(), StoreError> {
+        self.put(JOBS, &record.id, record)
+    }
+
+    fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.load_all(SCHEDULES)
+    }
+
+    fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError> {
+        self.put(SCHEDULES, &record.id, record)
+    }
+
+    fn delete_schedule(&self, id: &str) -> Result<(), StoreError> {
+        self.delete(SCHEDULES, id)
     }
 
     fn close(&self) {
@@ -120,5 +171,40 @@ mod tests {
         }
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(store.load_mounts().unwrap(), vec![record]);
+    }
+
+    #[test]
+    fn jobs_and_schedules_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.redb");
+        let job = JobRecord {
+            id: "j1".into(),
+            path: "/data".into(),
+            cursor: Some("a/b".into()),
+            ..Default::default()
+        };
+        let sched = ScheduleRecord {
+            id: "s1".into(),
+            cron: "0 1 * * *".into(),
+            tz: "UTC".into(),
+            path: "/data".into(),
+            settings: Default::default(),
+            next_fire_ms: 5,
+            last_job_id: "j1".into(),
+            fired: 1,
+            skipped: 0,
+            created_ms: 1,
+        };
+        {
+            let store = RedbStore::open(&path).unwrap();
+            store.put_job(&job).unwrap();
+            store.put_schedule(&sched).unwrap();
+            store.put_schedule(&ScheduleRecord { id: "s2".into(), ..sched.clone() }).unwrap();
+            store.delete_schedule("s2").unwrap();
+            store.close();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.load_jobs().unwrap(), vec![job]);
+        assert_eq!(store.load_schedules().unwrap(), vec![sched]);
     }
 }

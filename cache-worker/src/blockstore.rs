@@ -22,6 +22,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use tonic::transport::Channel;
 use tracing::{debug, warn};
 
+use crate::loader::Qos;
 use crate::metrics_defs as m;
 use crate::tier::{Tier, TierKind};
 
@@ -57,6 +58,14 @@ pub struct WorkerMount {
     pub ufs: Arc<dyn Ufs>,
 }
 
+/// What a load task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOutcome {
+    pub already_cached: bool,
+    /// Length of the block.
+    pub bytes: u64,
+}
+
 #[derive(Default)]
 pub struct Counters {
     pub hits: AtomicU64,
@@ -76,6 +85,8 @@ pub struct BlockStore {
     nvme_budget_units: u32,
     ufs_timeout: Duration,
     pub counters: Counters,
+    /// Foreground activity, which the loader yields to.
+    pub qos: Qos,
     /// Where to fetch the mount table when a request names a mount this worker has not heard
     /// of yet (it was added since the last heartbeat).
     master: Mutex<Option<(MasterClient<Channel>, String)>>,
@@ -103,6 +114,7 @@ impl BlockStore {
             nvme_budget_units: units,
             ufs_timeout,
             counters: Counters::default(),
+            qos: Qos::default(),
             master: Mutex::new(None),
         }
     }
@@ -152,6 +164,42 @@ impl BlockStore {
 
     /// Serves one block range. `Ok((bytes, source))` holds exactly `req.len` bytes.
     pub async fn read(&self, req: &ReadBlockRequest) -> Result<(Bytes, Source), ServeError> {
+        // Load tasks watch this to stay out of the way of client reads.
+        let _foreground = self.qos.foreground();
+        let (key, mount, rel, block_len) = self.locate(req).await?;
+        if req.len == 0 || req.offset.checked_add(req.len).is_none_or(|end| end > block_len) {
+            return Err(ServeError::InvalidArgument(format!(
+                "range {}+{} outside block {} of {} bytes",
+                req.offset, req.len, req.block_index, block_len
+            )));
+        }
+        let (bytes, source) =
+            self.block(&key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
+        let start = req.offset as usize;
+        let out = bytes.slice(start..start + req.len as usize);
+        self.counters.bytes_served.fetch_add(out.len() as u64, Ordering::Relaxed);
+        metrics::counter!(m::BYTES_SERVED).increment(out.len() as u64);
+        Ok((out, source))
+    }
+
+    /// Makes sure a whole block is cached (a warmup task): `Ok(true)` when a tier already held
+    /// it, `Ok(false)` when it was fetched from the UFS now. Shares the single flight with
+    /// client reads, so a block a client is fetching at the same moment is fetched once.
+    pub async fn load(&self, req: &ReadBlockRequest) -> Result<LoadOutcome, ServeError> {
+        let (key, mount, rel, block_len) = self.locate(req).await?;
+        if self.memory.contains(&key) || self.nvme.contains(&key) {
+            return Ok(LoadOutcome { already_cached: true, bytes: block_len });
+        }
+        let (_, source) = self.block(&key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
+        Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: block_len })
+    }
+
+    /// Checks a request against the mount table and names its block: (key, mount, path
+    /// relative to the mount, length of the whole block).
+    async fn locate(
+        &self,
+        req: &ReadBlockRequest,
+    ) -> Result<(BlockKey, Arc<WorkerMount>, String, u64), ServeError> {
         let p = path::normalize(&req.path).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
         let (mount, rel) = match self.resolve(&p) {
             Some(found) => found,
@@ -173,11 +221,10 @@ impl BlockStore {
             return Err(ServeError::InvalidArgument("empty version".into()));
         }
         let block_len = block::block_len(req.file_size, req.block_size, req.block_index);
-        if req.len == 0 || block_len == 0 || req.offset.checked_add(req.len).is_none_or(|end| end > block_len)
-        {
+        if block_len == 0 {
             return Err(ServeError::InvalidArgument(format!(
-                "range {}+{} outside block {} of {} bytes",
-                req.offset, req.len, req.block_index, block_len
+                "block {} is past the end of a {}-byte file",
+                req.block_index, req.file_size
             )));
         }
         let key = BlockKey::new(
@@ -185,13 +232,7 @@ impl BlockStore {
             req.version.clone(),
             req.block_index,
         );
-        let (bytes, source) =
-            self.block(&key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
-        let start = req.offset as usize;
-        let out = bytes.slice(start..start + req.len as usize);
-        self.counters.bytes_served.fetch_add(out.len() as u64, Ordering::Relaxed);
-        metrics::counter!(m::BYTES_SERVED).increment(out.len() as u64);
-        Ok((out, source))
+        Ok((key, mount, rel, block_len))
     }
 
     async fn block(

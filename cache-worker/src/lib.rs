@@ -5,6 +5,7 @@
 pub mod blockstore;
 pub mod config;
 pub mod dataplane;
+pub mod loader;
 mod master_link;
 pub mod metrics_defs;
 pub mod tier;
@@ -139,8 +140,16 @@ impl Worker {
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
         };
-        let link = tokio::spawn(master_link::run(client, identity, store.clone(), cancel.clone()));
+        let link = tokio::spawn(master_link::run(client.clone(), identity, store.clone(), cancel.clone()));
+        let loader = tokio::spawn(loader::run(client, worker_id.clone(), store.clone(), cancel.clone()));
         info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %nvme_dir.display(), "worker started");
-        Ok(WorkerHandle { worker_id, data_addr, http_addr, store, cancel, tasks: vec![dp, http_task, link] })
+        Ok(WorkerHandle {
+            worker_id,
+            data_addr,
+            http_addr,
+            store,
+            cancel,
+            tasks: vec![dp, http_task, link, loader],
+        })
     }
 }

@@ -22,3 +22,11 @@ pub const READ_SECONDS: &str = "strata_worker_read_seconds";
 pub const TIER_USED_BYTES: &str = "strata_worker_tier_used_bytes";
 /// Counter: heartbeats that failed to reach the master.
 pub const HEARTBEAT_FAILURES: &str = "strata_worker_heartbeat_failures_total";
+/// Counter, label `result` (`loaded`/`cached`/`failed`): warmup block loads.
+pub const LOAD_BLOCKS: &str = "strata_worker_load_blocks_total";
+/// Counter, bytes: fetched from the UFS by warmup loads.
+pub const LOAD_BYTES: &str = "strata_worker_load_bytes_total";
+/// Counter: warmup loads that waited for client reads to go quiet.
+pub const LOAD_YIELDS: &str = "strata_worker_load_yields_total";
+/// Gauge: warmup loads allowed in flight (the adaptive window).
+pub const LOAD_WINDOW: &str = "strata_worker_load_window";

@@ -9,6 +9,7 @@
 //! mid-read is detected by the workers and the read is retried whole on the new version.
 
 mod error;
+mod jobs;
 mod reader;
 pub mod transport;
 
@@ -29,7 +30,9 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
 pub use error::{ClientError, Result};
+pub use jobs::job_finished;
 pub use reader::StrataReader;
+pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
 pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError};
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.

@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use strata_common::ErrorKind;
 use thiserror::Error;
 
@@ -92,6 +94,88 @@ pub trait Ufs: Send + Sync + 'static {
     /// Bytes `range` of a file, which must still be at `version`: if the object changed,
     /// `VersionChanged` — never bytes of another version.
     async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes>;
+
+    /// Every file under `dir` (recursively; `dir` itself when it is a file), as a stream in
+    /// [`path_order`]: depth first, siblings sorted by name. Memory is bounded by one
+    /// directory level per depth, not by the size of the tree, and the order is
+    /// deterministic, so a consumer can resume after the last path it finished.
+    fn list_recursive<'a>(&'a self, dir: &'a str) -> BoxStream<'a, Result<UfsFile>> {
+        walk(self, dir)
+    }
+}
+
+/// A file found by [`Ufs::list_recursive`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UfsFile {
+    /// Relative to the UFS root (as `stat` and `read_range` take it).
+    pub path: String,
+    pub meta: ObjectMeta,
+}
+
+/// The order [`Ufs::list_recursive`] yields paths in: component by component, so a directory's
+/// whole subtree sorts between its name and the next sibling's.
+pub fn path_order(a: &str, b: &str) -> std::cmp::Ordering {
+    a.split('/').cmp(b.split('/'))
+}
+
+/// Depth-first walk over [`Ufs::list`], one sorted directory listing per level.
+fn walk<'a, U: Ufs + ?Sized>(ufs: &'a U, dir: &'a str) -> BoxStream<'a, Result<UfsFile>> {
+    enum Step {
+        Start,
+        Walking(Vec<std::vec::IntoIter<(String, ObjectMeta)>>),
+        Done,
+    }
+    let join =
+        |base: &str, name: &str| if base.is_empty() { name.to_string() } else { format!("{base}/{name}") };
+    futures::stream::unfold(Step::Start, move |step| async move {
+        let mut stack = match step {
+            Step::Done => return None,
+            Step::Start => {
+                let root = dir.trim_matches('/');
+                match ufs.stat(root).await {
+                    Ok(meta) if !meta.is_dir => {
+                        return Some((Ok(UfsFile { path: root.to_string(), meta }), Step::Done));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Some((Err(e), Step::Done)),
+                }
+                match ufs.list(root).await {
+                    Ok(entries) => vec![sorted(root, entries, join)],
+                    Err(e) => return Some((Err(e), Step::Done)),
+                }
+            }
+            Step::Walking(stack) => stack,
+        };
+        loop {
+            let top = stack.last_mut()?;
+            let Some((path, meta)) = top.next() else {
+                stack.pop();
+                continue;
+            };
+            if !meta.is_dir {
+                return Some((Ok(UfsFile { path, meta }), Step::Walking(stack)));
+            }
+            match ufs.list(&path).await {
+                Ok(entries) => stack.push(sorted(&path, entries, join)),
+                Err(e) => return Some((Err(e), Step::Done)),
+            }
+        }
+    })
+    .boxed()
+}
+
+fn sorted(
+    base: &str,
+    entries: Vec<UfsEntry>,
+    join: impl Fn(&str, &str) -> String,
+) -> std::vec::IntoIter<(String, ObjectMeta)> {
+    let mut out: Vec<(String, ObjectMeta)> = entries
+        .into_iter()
+        .filter(|e| !e.name.is_empty())
+        .map(|e| (join(base, e.name.trim_end_matches('/')), e.meta))
+        .collect();
+    out.sort_by(|a, b| path_order(&a.0, &b.0));
+    out.into_iter()
 }
 
 /// Turns a mount's URI and options into a [`Ufs`].

@@ -1,0 +1,863 @@
+//! Load jobs (warmup) as a state machine without I/O: files come in from the job's listing,
+//! become block tasks for the workers that own the blocks on the ring, and leave when every
+//! task has reported. Time is an input (`now`), so tests drive leases and retry backoff.
+//!
+//! Invariants:
+//! - a task targets the `replica`-th of the first `replicas` owners of its block on the
+//!   current ring: the worker a client read goes to. When the ring changes, queued tasks are
+//!   retargeted and tasks leased to a worker that left are queued again for the new owner;
+//! - only the worker a task is leased to can complete it (a late report from a worker the task
+//!   was taken from is ignored);
+//! - progress is durable at a *prefix*: files are numbered in listing order (which is
+//!   deterministic, see `strata_ufs::path_order`) and the record's `cursor` is the last path
+//!   such that it and every file before it have finished. A resumed job lists again after the
+//!   cursor; the files it had in flight are loaded again (cheaply: the workers already hold
+//!   their blocks), and none is counted twice.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use strata_common::Ring;
+use strata_proto::{FileFailure, JobInfo, JobState, LoadOptions, LoadTask, LoadTaskResult};
+
+/// Attempts of one block load before its file is failed.
+pub const MAX_ATTEMPTS: u32 = 5;
+/// A worker that took a task and did not report within this long loses it.
+pub const LEASE: Duration = Duration::from_secs(60);
+/// Failed files kept (with reasons) per job; the count goes on beyond.
+pub const MAX_FAILURES_KEPT: usize = 1000;
+
+/// The job's options, as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoadSettings {
+    pub replicas: u32,
+    pub bandwidth: u64,
+    pub parallelism: u32,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub skip_cached: bool,
+    pub verify: bool,
+    pub sync: bool,
+    pub dry_run: bool,
+    pub metadata_only: bool,
+}
+
+impl From<LoadOptions> for LoadSettings {
+    fn from(o: LoadOptions) -> Self {
+        Self {
+            replicas: o.replicas.max(1),
+            bandwidth: o.bandwidth,
+            parallelism: o.parallelism,
+            include: o.include,
+            exclude: o.exclude,
+            skip_cached: o.skip_cached,
+            verify: o.verify,
+            sync: o.sync,
+            dry_run: o.dry_run,
+            metadata_only: o.metadata_only,
+        }
+    }
+}
+
+impl From<&LoadSettings> for LoadOptions {
+    fn from(s: &LoadSettings) -> Self {
+        Self {
+            replicas: s.replicas,
+            bandwidth: s.bandwidth,
+            parallelism: s.parallelism,
+            include: s.include.clone(),
+            exclude: s.exclude.clone(),
+            skip_cached: s.skip_cached,
+            verify: s.verify,
+            sync: s.sync,
+            dry_run: s.dry_run,
+            metadata_only: s.metadata_only,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl Phase {
+    pub fn is_final(self) -> bool {
+        !matches!(self, Phase::Running)
+    }
+
+    fn proto(self) -> JobState {
+        match self {
+            Phase::Running => JobState::Running,
+            Phase::Succeeded => JobState::Succeeded,
+            Phase::Failed => JobState::Failed,
+            Phase::Cancelled => JobState::Cancelled,
+        }
+    }
+}
+
+/// Counters of a set of files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Progress {
+    pub files_total: u64,
+    pub files_done: u64,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub blocks_total: u64,
+    pub blocks_done: u64,
+    pub blocks_already_cached: u64,
+    pub blocks_verify_loaded: u64,
+    pub files_failed: u64,
+    pub task_retries: u64,
+}
+
+impl Progress {
+    fn add(&mut self, o: &Progress) {
+        self.files_total += o.files_total;
+        self.files_done += o.files_done;
+        self.bytes_total += o.bytes_total;
+        self.bytes_done += o.bytes_done;
+        self.blocks_total += o.blocks_total;
+        self.blocks_done += o.blocks_done;
+        self.blocks_already_cached += o.blocks_already_cached;
+        self.blocks_verify_loaded += o.blocks_verify_loaded;
+        self.files_failed += o.files_failed;
+        self.task_retries += o.task_retries;
+    }
+}
+
+/// What the store keeps of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobRecord {
+    pub id: String,
+    pub path: String,
+    pub settings: LoadSettings,
+    pub phase: Phase,
+    /// 1 = loading, 2 = verifying.
+    pub pass: u32,
+    /// Last path (relative to the UFS root) of the finished prefix of this pass's listing.
+    pub cursor: Option<String>,
+    /// Progress of every finished file (all passes, up to the cursor).
+    pub done: Progress,
+    pub failures: Vec<(String, String)>,
+    /// Why the job as a whole failed (unknown path, vanished mount), if it did.
+    pub error: Option<String>,
+    pub created_ms: i64,
+    pub finished_ms: i64,
+    pub schedule_id: String,
+    pub resumed: u32,
+}
+
+impl Default for JobRecord {
+    fn default() -> Self {
+        Self {
+            id: String::new(),
+            path: String::new(),
+            settings: LoadSettings::default(),
+            phase: Phase::Running,
+            pass: 1,
+            cursor: None,
+            done: Progress::default(),
+            failures: Vec::new(),
+            error: None,
+            created_ms: 0,
+            finished_ms: 0,
+            schedule_id: String::new(),
+            resumed: 0,
+        }
+    }
+}
+
+/// One listed file entering a job, with its block tasks already split.
+#[derive(Debug, Clone)]
+pub struct FileIn {
+    /// Strata path (what workers resolve).
+    pub path: String,
+    /// Path relative to the UFS root, in listing order.
+    pub ufs_path: String,
+    pub version: String,
+    pub size: u64,
+    pub block_size: u64,
+    /// Blocks of this file that exist (for the totals).
+    pub blocks: u64,
+    /// (block index, placement hash, replica rank) for every load to do.
+    pub loads: Vec<(u64, u64, usize)>,
+    /// Loads not needed: the block map says the target already holds the block.
+    pub skipped: u64,
+}
+
+#[derive(Debug)]
+struct FileState {
+    ufs_path: String,
+    path: String,
+    size: u64,
+    blocks_left: usize,
+    failure: Option<String>,
+    progress: Progress,
+}
+
+#[derive(Debug, Clone)]
+struct Task {
+    job: String,
+    seq: u64,
+    path: String,
+    version: String,
+    file_size: u64,
+    block_size: u64,
+    index: u64,
+    hash: u64,
+    replica: usize,
+    replicas: usize,
+    target: Option<String>,
+    leased_until: Option<Instant>,
+    not_before: Instant,
+    attempts: u32,
+}
+
+#[derive(Debug)]
+struct Job {
+    record: JobRecord,
+    /// Files of the current pass not yet in the prefix, by listing number.
+    window: BTreeMap<u64, FileState>,
+    next_seq: u64,
+    listing_done: bool,
+    /// The record changed since it was last taken for the store.
+    dirty: bool,
+}
+
+impl Job {
+    fn live_progress(&self) -> Progress {
+        let mut p = self.record.done;
+        for f in self.window.values() {
+            p.add(&f.progress);
+        }
+        p
+    }
+
+    /// Moves finished files at the head of the window into the durable prefix.
+    fn commit(&mut self) {
+        while let Some(entry) = self.window.first_entry() {
+            if entry.get().blocks_left > 0 {
+                break;
+            }
+            let f = entry.remove();
+            self.record.done.add(&f.progress);
+            if let Some(reason) = f.failure
+                && self.record.failures.len() < MAX_FAILURES_KEPT
+            {
+                self.record.failures.push((f.path, reason));
+            }
+            self.record.cursor = Some(f.ufs_path);
+            self.dirty = true;
+        }
+    }
+}
+
+/// What became of a job's listing pass once its window drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassEnd {
+    /// Still listing, or files in flight.
+    NotYet,
+    /// The verify pass starts: list again from the beginning.
+    Verify,
+    /// The job reached a final phase.
+    Finished(Phase),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobsError {
+    NotFound(String),
+}
+
+#[derive(Debug)]
+pub struct Jobs {
+    jobs: BTreeMap<String, Job>,
+    tasks: HashMap<u64, Task>,
+    /// Queued (not leased) tasks per target worker.
+    queues: HashMap<String, VecDeque<u64>>,
+    ring: Ring,
+    next_task: u64,
+}
+
+impl Jobs {
+    /// `task_id_base` keeps task ids of a restarted master apart from the old one's, so a late
+    /// report of an old task can never complete a new one.
+    pub fn new(task_id_base: u64) -> Self {
+        Self {
+            jobs: BTreeMap::new(),
+            tasks: HashMap::new(),
+            queues: HashMap::new(),
+            ring: Ring::default(),
+            next_task: task_id_base,
+        }
+    }
+
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// Adds a job (new, or loaded from the store to resume).
+    pub fn insert(&mut self, record: JobRecord) {
+        let id = record.id.clone();
+        self.jobs.insert(
+            id,
+            Job { record, window: BTreeMap::new(), next_seq: 0, listing_done: false, dirty: false },
+        );
+    }
+
+    pub fn record(&self, id: &str) -> Option<&JobRecord> {
+        self.jobs.get(id).map(|j| &j.record)
+    }
+
+    pub fn is_running(&self, id: &str) -> bool {
+        self.jobs.get(id).is_some_and(|j| !j.record.phase.is_final())
+    }
+
+    /// Files of the job in flight (listed, not yet in the prefix).
+    pub fn window_len(&self, id: &str) -> usize {
+        self.jobs.get(id).map_or(0, |j| j.window.len())
+    }
+
+    /// The record to store, if it changed since the last call.
+    pub fn take_dirty(&mut self, id: &str) -> Option<JobRecord> {
+        let job = self.jobs.get_mut(id)?;
+        if !job.dirty {
+            return None;
+        }
+        job.dirty = false;
+        Some(job.record.clone())
+    }
+
+    /// A file of the current pass that was listed: its tasks are queued for their owners.
+    pub fn add_file(&mut self, id: &str, file: FileIn, now: Instant) {
+        let Some(job) = self.jobs.get_mut(id) else { return };
+        if job.record.phase.is_final() {
+            return;
+        }
+        let seq = job.next_seq;
+        job.next_seq += 1;
+        let first_pass = job.record.pass == 1;
+        let mut progress = Progress::default();
+        if first_pass {
+            progress.files_total = 1;
+            progress.bytes_total = file.size;
+            progress.blocks_total = file.blocks * job.record.settings.replicas.max(1) as u64;
+            progress.blocks_done = file.skipped;
+        }
+        progress.blocks_already_cached = file.skipped;
+        let replicas = job.record.settings.replicas.max(1) as usize;
+        let mut state = FileState {
+            ufs_path: file.ufs_path,
+            path: file.path.clone(),
+            size: file.size,
+            blocks_left: file.loads.len(),
+            failure: None,
+            progress,
+        };
+        if file.loads.is_empty() {
+            Self::file_finished(&mut state, first_pass);
+        }
+        job.window.insert(seq, state);
+        for (index, hash, replica) in file.loads {
+            let task_id = self.next_task;
+            self.next_task += 1;
+            let target = target_of(&self.ring, hash, replicas, replica);
+            if let Some(t) = &target {
+                self.queues.entry(t.clone()).or_default().push_back(task_id);
+            }
+            self.tasks.insert(
+                task_id,
+                Task {
+                    job: id.to_string(),
+                    seq,
+                    path: file.path.clone(),
+                    version: file.version.clone(),
+                    file_size: file.size,
+                    block_size: file.block_size,
+                    index,
+                    hash,
+                    replica,
+                    replicas,
+                    target,
+                    leased_until: None,
+                    not_before: now,
+                    attempts: 0,
+                },
+            );
+        }
+        job.commit();
+    }
+
+    fn file_finished(f: &mut FileState, first_pass: bool) {
+        if f.failure.is_some() {
+            f.progress.files_failed += 1;
+        } else if first_pass {
+            f.progress.files_done += 1;
+            f.progress.bytes_done += f.size;
+        }
+    }
+
+    /// Up to `max` ready tasks for `worker`, leased to it until `now + LEASE`.
+    pub fn fetch(&mut self, worker: &str, max: usize, now: Instant) -> Vec<LoadTask> {
+        let Some(queue) = self.queues.get_mut(worker) else { return Vec::new() };
+        let mut out = Vec::new();
+        let mut deferred = VecDeque::new();
+        while out.len() < max {
+            let Some(task_id) = queue.pop_front() else { break };
+            let Some(task) = self.tasks.get_mut(&task_id) else { continue };
+            if task.not_before > now {
+                deferred.push_back(task_id);
+                continue;
+            }
+            task.leased_until = Some(now + LEASE);
+            let settings = &self.jobs.get(&task.job).map(|j| j.record.settings.clone()).unwrap_or_default();
+            out.push(LoadTask {
+                task_id,
+                job_id: task.job.clone(),
+                path: task.path.clone(),
+                version: task.version.clone(),
+                file_size: task.file_size,
+                block_size: task.block_size,
+                index: task.index,
+                bandwidth: settings.bandwidth,
+                parallelism: settings.parallelism,
+            });
+        }
+        while let Some(t) = deferred.pop_back() {
+            queue.push_front(t);
+        }
+        out
+    }
+
+    /// Whether `worker` has a task ready to fetch now.
+    pub fn has_ready(&self, worker: &str, now: Instant) -> bool {
+        self.queues
+            .get(worker)
+            .is_some_and(|q| q.iter().any(|id| self.tasks.get(id).is_some_and(|t| t.not_before <= now)))
+    }
+
+    /// Outcomes from `worker`. Returns the jobs whose windows changed.
+    pub fn report(&mut self, worker: &str, results: &[LoadTaskResult], now: Instant) -> Vec<String> {
+        let mut touched = Vec::new();
+        for r in results {
+            let Some(task) = self.tasks.get(&r.task_id) else { continue };
+            if task.target.as_deref() != Some(worker) || task.leased_until.is_none() || task.job != r.job_id {
+                continue;
+            }
+            let Some(job) = self.jobs.get_mut(&task.job) else {
+                self.tasks.remove(&r.task_id);
+                continue;
+            };
+            let first_pass = job.record.pass == 1;
+            if !r.ok && r.temporary && task.attempts + 1 < MAX_ATTEMPTS {
+                let task = self.tasks.get_mut(&r.task_id).expect("looked up above");
+                task.attempts += 1;
+                task.leased_until = None;
+                task.not_before = now + backoff(task.attempts);
+                self.queues.entry(worker.to_string()).or_default().push_back(r.task_id);
+                if let Some(f) = job.window.get_mut(&task.seq) {
+                    f.progress.task_retries += 1;
+                }
+                continue;
+            }
+            let task = self.tasks.remove(&r.task_id).expect("looked up above");
+            let Some(f) = job.window.get_mut(&task.seq) else { continue };
+            f.blocks_left = f.blocks_left.saturating_sub(1);
+            if r.ok {
+                if first_pass {
+                    f.progress.blocks_done += 1;
+                }
+                if r.already_cached {
+                    f.progress.blocks_already_cached += 1;
+                } else if !first_pass {
+                    f.progress.blocks_verify_loaded += 1;
+                }
+            } else if f.failure.is_none() {
+                f.failure = Some(format!("block {}: {}", task.index, r.error));
+            }
+            if f.blocks_left == 0 {
+                Self::file_finished(f, first_pass);
+            }
+            job.commit();
+            if !touched.contains(&task.job) {
+                touched.push(task.job);
+            }
+        }
+        touched
+    }
+
+    /// New membership: retarget queued tasks, take back tasks leased to workers that left.
+    pub fn set_ring(&mut self, ring: Ring, now: Instant) {
+        self.ring = ring;
+        self.queues.clear();
+        let mut ids: Vec<u64> = self.tasks.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let Some(task) = self.tasks.get_mut(&id) else { continue };
+            let still_there = task.target.as_deref().is_some_and(|t| self.ring.contains(t));
+            if task.leased_until.is_some() && still_there {
+                continue;
+            }
+            task.leased_until = None;
+            task.target = target_of(&self.ring, task.hash, task.replicas, task.replica);
+            task.not_before = task.not_before.min(now);
+            if let Some(t) = &task.target {
+                self.queues.entry(t.clone()).or_default().push_back(id);
+            }
+        }
+    }
+
+    /// Takes back expired leases. Returns whether any task became ready again.
+    pub fn tick(&mut self, now: Instant) -> bool {
+        let mut requeued = false;
+        for (id, task) in self.tasks.iter_mut() {
+            if task.leased_until.is_some_and(|until| until <= now) {
+                task.leased_until = None;
+                if let Some(t) = &task.target {
+                    self.queues.entry(t.clone()).or_default().push_back(*id);
+                    requeued = true;
+                }
+            }
+        }
+        requeued
+    }
+
+    /// The listing of the current pass is complete.
+    pub fn listing_done(&mut self, id: &str) {
+        if let Some(job) = self.jobs.get_mut(id) {
+            job.listing_done = true;
+        }
+    }
+
+    /// Where a pass stands; moves the job to its next pass or final phase when it is over.
+    pub fn end_of_pass(&mut self, id: &str, now_ms: i64) -> PassEnd {
+        let Some(job) = self.jobs.get_mut(id) else { return PassEnd::Finished(Phase::Cancelled) };
+        if job.record.phase.is_final() {
+            return PassEnd::Finished(job.record.phase);
+        }
+        if !job.listing_done || !job.window.is_empty() {
+            return PassEnd::NotYet;
+        }
+        let s = &job.record.settings;
+        job.dirty = true;
+        if job.record.pass == 1 && s.verify && !s.dry_run && !s.metadata_only {
+            job.record.pass = 2;
+            job.record.cursor = None;
+            job.listing_done = false;
+            job.next_seq = 0;
+            return PassEnd::Verify;
+        }
+        let phase = if job.record.done.files_failed > 0 { Phase::Failed } else { Phase::Succeeded };
+        job.record.phase = phase;
+        job.record.finished_ms = now_ms;
+        PassEnd::Finished(phase)
+    }
+
+    /// Ends a job with an error of its own (not of a file): unknown path, lost mount.
+    pub fn fail(&mut self, id: &str, reason: String, now_ms: i64) {
+        self.finish(id, Phase::Failed, Some(reason), now_ms);
+    }
+
+    pub fn cancel(&mut self, id: &str, now_ms: i64) -> Result<(), JobsError> {
+        if !self.jobs.contains_key(id) {
+            return Err(JobsError::NotFound(id.to_string()));
+        }
+        if self.is_running(id) {
+            self.finish(id, Phase::Cancelled, None, now_ms);
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, id: &str, phase: Phase, error: Option<String>, now_ms: i64) {
+        let Some(job) = self.jobs.get_mut(id) else { return };
+        if job.record.phase.is_final() {
+            return;
+        }
+        job.record.phase = phase;
+        job.record.error = error;
+        job.record.finished_ms = now_ms;
+        job.window.clear();
+        job.dirty = true;
+        self.tasks.retain(|_, t| t.job != id);
+        for q in self.queues.values_mut() {
+            q.retain(|t| self.tasks.contains_key(t));
+        }
+    }
+
+    pub fn info(&self, id: &str) -> Option<JobInfo> {
+        let job = self.jobs.get(id)?;
+        let r = &job.record;
+        let p = job.live_progress();
+        let mut failures: Vec<FileFailure> = r
+            .failures
+            .iter()
+            .map(|(path, reason)| FileFailure { path: path.clone(), reason: reason.clone() })
+            .collect();
+        for f in job.window.values() {
+            if let Some(reason) = &f.failure
+                && f.blocks_left == 0
+                && failures.len() < MAX_FAILURES_KEPT
+            {
+                failures.push(FileFailure { path: f.path.clone(), reason: reason.clone() });
+            }
+        }
+        if let Some(e) = &r.error {
+            failures.insert(0, FileFailure { path: r.path.clone(), reason: e.clone() });
+        }
+        Some(JobInfo {
+            id: r.id.clone(),
+            path: r.path.clone(),
+            options: Some((&r.settings).into()),
+            state: r.phase.proto() as i32,
+            pass: r.pass,
+            listing_done: job.listing_done,
+            files_total: p.files_total,
+            files_done: p.files_done,
+            bytes_total: p.bytes_total,
+            bytes_done: p.bytes_done,
+            blocks_total: p.blocks_total,
+            blocks_done: p.blocks_done,
+            blocks_already_cached: p.blocks_already_cached,
+            blocks_verify_loaded: p.blocks_verify_loaded,
+            files_failed: p.files_failed,
+            failures,
+            created_ms: r.created_ms,
+            finished_ms: r.finished_ms,
+            schedule_id: r.schedule_id.clone(),
+            resumed: r.resumed,
+            task_retries: p.task_retries,
+        })
+    }
+
+    pub fn running_ids(&self) -> Vec<String> {
+        self.jobs.values().filter(|j| !j.record.phase.is_final()).map(|j| j.record.id.clone()).collect()
+    }
+
+    /// Job ids, newest first.
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<(i64, String)> =
+            self.jobs.values().map(|j| (j.record.created_ms, j.record.id.clone())).collect();
+        ids.sort_by(|a, b| b.cmp(a));
+        ids.into_iter().map(|(_, id)| id).collect()
+    }
+}
+
+fn target_of(ring: &Ring, hash: u64, replicas: usize, replica: usize) -> Option<String> {
+    ring.owners(hash, replicas).get(replica).map(|m| m.id.clone())
+}
+
+/// Delay before retry `attempt` (1-based): 200 ms doubling, at most 10 s.
+pub fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(200u64.saturating_mul(1 << attempt.saturating_sub(1).min(16)))
+        .min(Duration::from_secs(10))
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_common::Member;
+    use strata_common::ring::DEFAULT_VNODES;
+
+    use super::*;
+
+    fn ring(ids: &[&str]) -> Ring {
+        let members =
+            ids.iter().map(|id| Member { id: id.to_string(), data_addr: "127.0.0.1:1".into() }).collect();
+        Ring::new(1, members, DEFAULT_VNODES)
+    }
+
+    fn job(id: &str, replicas: u32) -> JobRecord {
+        JobRecord {
+            id: id.into(),
+            path: "/data".into(),
+            settings: LoadSettings { replicas, ..Default::default() },
+            ..Default::default()
+        }
+    }
+
+    fn file(name: &str, blocks: u64, replicas: usize) -> FileIn {
+        let loads =
+            (0..blocks).flat_map(|i| (0..replicas).map(move |r| (i, xxhash_like(name, i), r))).collect();
+        FileIn {
+            path: format!("/data/{name}"),
+            ufs_path: name.into(),
+            version: "v1".into(),
+            size: blocks * 10,
+            block_size: 10,
+            blocks,
+            loads,
+            skipped: 0,
+        }
+    }
+
+    fn xxhash_like(name: &str, i: u64) -> u64 {
+        strata_common::BlockKey::new(name, "v1", i).placement_hash()
+    }
+
+    fn ok(t: &LoadTask) -> LoadTaskResult {
+        LoadTaskResult { task_id: t.task_id, job_id: t.job_id.clone(), ok: true, ..Default::default() }
+    }
+
+    fn drain(jobs: &mut Jobs, workers: &[&str], now: Instant) -> Vec<(String, LoadTask)> {
+        workers
+            .iter()
+            .flat_map(|w| jobs.fetch(w, 1000, now).into_iter().map(move |t| (w.to_string(), t)))
+            .collect()
+    }
+
+    #[test]
+    fn replicas_go_to_distinct_owners_and_the_job_succeeds() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a", "b", "c"]), now);
+        jobs.insert(job("j", 2));
+        jobs.add_file("j", file("f1", 3, 2), now);
+        jobs.add_file("j", file("f2", 1, 2), now);
+        jobs.listing_done("j");
+        let tasks = drain(&mut jobs, &["a", "b", "c"], now);
+        assert_eq!(tasks.len(), 8);
+        for (w, t) in &tasks {
+            let owners = jobs.ring().owners(xxhash_like(t.path.trim_start_matches("/data/"), t.index), 2);
+            assert!(owners.iter().any(|o| &o.id == w), "task on an owner");
+        }
+        for block in [0u64, 1, 2] {
+            let holders: Vec<_> = tasks
+                .iter()
+                .filter(|(_, t)| t.path == "/data/f1" && t.index == block)
+                .map(|(w, _)| w)
+                .collect();
+            assert_eq!(holders.len(), 2);
+            assert_ne!(holders[0], holders[1]);
+        }
+        assert_eq!(jobs.end_of_pass("j", 5), PassEnd::NotYet);
+        for (w, t) in &tasks {
+            jobs.report(w, &[ok(t)], now);
+        }
+        assert_eq!(jobs.end_of_pass("j", 5), PassEnd::Finished(Phase::Succeeded));
+        let info = jobs.info("j").unwrap();
+        assert_eq!((info.files_done, info.files_total, info.blocks_done, info.blocks_total), (2, 2, 8, 8));
+        assert_eq!(jobs.record("j").unwrap().cursor.as_deref(), Some("f2"));
+    }
+
+    #[test]
+    fn temporary_failures_retry_with_backoff_then_fail_the_file() {
+        let t0 = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a"]), t0);
+        jobs.insert(job("j", 1));
+        jobs.add_file("j", file("f", 1, 1), t0);
+        jobs.listing_done("j");
+        let mut now = t0;
+        for attempt in 1..MAX_ATTEMPTS {
+            let t = jobs.fetch("a", 10, now).pop().expect("task ready");
+            let fail = LoadTaskResult {
+                task_id: t.task_id,
+                job_id: "j".into(),
+                ok: false,
+                temporary: true,
+                error: "ufs 503".into(),
+                ..Default::default()
+            };
+            jobs.report("a", &[fail], now);
+            assert!(jobs.fetch("a", 10, now).is_empty(), "backing off");
+            now += backoff(attempt);
+        }
+        let t = jobs.fetch("a", 10, now).pop().expect("last attempt");
+        let fail = LoadTaskResult {
+            task_id: t.task_id,
+            job_id: "j".into(),
+            temporary: true,
+            error: "ufs 503".into(),
+            ..Default::default()
+        };
+        jobs.report("a", &[fail], now);
+        assert_eq!(jobs.end_of_pass("j", 9), PassEnd::Finished(Phase::Failed));
+        let info = jobs.info("j").unwrap();
+        assert_eq!(info.files_failed, 1);
+        assert_eq!(info.task_retries, (MAX_ATTEMPTS - 1) as u64);
+        assert!(info.failures[0].reason.contains("ufs 503"), "{:?}", info.failures);
+    }
+
+    #[test]
+    fn a_lost_worker_s_tasks_move_to_the_new_owner_and_late_reports_are_ignored() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a", "b", "c"]), now);
+        jobs.insert(job("j", 1));
+        for i in 0..30 {
+            jobs.add_file("j", file(&format!("f{i:02}"), 1, 1), now);
+        }
+        jobs.listing_done("j");
+        let leased = jobs.fetch("a", 1000, now);
+        assert!(!leased.is_empty());
+        jobs.set_ring(ring(&["b", "c"]), now);
+        // The lost worker's late report completes nothing.
+        assert!(jobs.report("a", &[ok(&leased[0])], now).is_empty());
+        let tasks = drain(&mut jobs, &["b", "c"], now);
+        assert_eq!(tasks.len(), 30, "every task, including a's, is on b or c");
+        for (w, t) in &tasks {
+            jobs.report(w, &[ok(t)], now);
+        }
+        assert_eq!(jobs.end_of_pass("j", 1), PassEnd::Finished(Phase::Succeeded));
+    }
+
+    #[test]
+    fn expired_leases_are_handed_out_again() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a"]), now);
+        jobs.insert(job("j", 1));
+        jobs.add_file("j", file("f", 1, 1), now);
+        assert_eq!(jobs.fetch("a", 10, now).len(), 1);
+        assert!(!jobs.tick(now + LEASE / 2));
+        assert!(jobs.fetch("a", 10, now).is_empty());
+        assert!(jobs.tick(now + LEASE));
+        assert_eq!(jobs.fetch("a", 10, now + LEASE).len(), 1);
+    }
+
+    #[test]
+    fn the_cursor_only_passes_files_whose_predecessors_finished() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a"]), now);
+        jobs.insert(job("j", 1));
+        jobs.add_file("j", file("f1", 1, 1), now);
+        jobs.add_file("j", file("f2", 1, 1), now);
+        let tasks = jobs.fetch("a", 10, now);
+        let f2 = tasks.iter().find(|t| t.path == "/data/f2").unwrap();
+        jobs.report("a", &[ok(f2)], now);
+        assert_eq!(jobs.record("j").unwrap().cursor, None, "f1 still in flight");
+        assert_eq!(jobs.info("j").unwrap().files_done, 1);
+        let f1 = tasks.iter().find(|t| t.path == "/data/f1").unwrap();
+        jobs.report("a", &[ok(f1)], now);
+        let dirty = jobs.take_dirty("j").expect("progress to store");
+        assert_eq!(dirty.cursor.as_deref(), Some("f2"));
+        assert_eq!(dirty.done.files_done, 2);
+        assert!(jobs.take_dirty("j").is_none());
+    }
+
+    #[test]
+    fn verify_pass_follows_and_cancel_drops_tasks() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a"]), now);
+        jobs.insert(JobRecord {
+            settings: LoadSettings { replicas: 1, verify: true, ..Default::default() },
+            ..job("j", 1)
+        });
+        jobs.listing_done("j");
+        assert_eq!(jobs.end_of_pass("j", 1), PassEnd::Verify);
+        assert_eq!(jobs.record("j").unwrap().pass, 2);
+        jobs.add_file("j", file("late", 2, 1), now);
+        jobs.cancel("j", 2).unwrap();
+        assert!(jobs.fetch("a", 10, now).is_empty());
+        assert_eq!(jobs.end_of_pass("j", 3), PassEnd::Finished(Phase::Cancelled));
+        assert_eq!(jobs.cancel("nope", 1), Err(JobsError::NotFound("nope".into())));
+    }
+}
