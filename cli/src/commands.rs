@@ -25,6 +25,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Cat { path } => cat(&cli.master, &path).await,
         Command::Cp { path, dest } => cp(&cli.master, &path, &dest).await,
         Command::Status { json } => status(&cli.master, json).await,
+        Command::Warmup(args) => crate::warmup::warmup(&connect(&cli.master).await?, args).await,
+        Command::Job(cmd) => crate::warmup::job(&connect(&cli.master).await?, cmd).await,
     }
 }
 
@@ -262,7 +264,10 @@ async fn stat(master: &str, path: &str, sync: bool, as_json: bool) -> Result<()>
 
 /// Streams a reader into a blocking writer with large buffers. Tokio's stdout and file
 /// writers hop to a blocking thread for every 8 KiB write, which capped `cat` at ~160 MB/s.
-async fn stream_to(reader: &mut strata_client::StrataReader, out: &mut impl std::io::Write) -> std::io::Result<u64> {
+async fn stream_to(
+    reader: &mut strata_client::StrataReader,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<u64> {
     let mut buf = vec![0u8; 8 << 20];
     let mut total = 0u64;
     loop {

@@ -2,6 +2,7 @@
 //! formatting over the master, worker and client crates.
 
 mod commands;
+mod warmup;
 
 use std::path::PathBuf;
 
@@ -60,6 +61,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Load a file or directory into the cache (a load job on the master) and follow it with a
+    /// progress bar; exits 0 only when the job SUCCEEDED.
+    Warmup(warmup::WarmupArgs),
+    /// Load jobs and their schedules: ls, status, cancel, history, schedule, unschedule.
+    #[command(subcommand)]
+    Job(warmup::JobCommand),
 }
 
 #[derive(Args)]
