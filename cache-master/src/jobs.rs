@@ -393,6 +393,7 @@ impl Jobs {
             );
         }
         job.commit();
+        self.fail_unplaceable();
     }
 
     fn file_finished(f: &mut FileState, first_pass: bool) {
@@ -455,7 +456,6 @@ impl Jobs {
                 self.tasks.remove(&r.task_id);
                 continue;
             };
-            let first_pass = job.record.pass == 1;
             if !r.ok && r.temporary && task.attempts + 1 < MAX_ATTEMPTS {
                 let task = self.tasks.get_mut(&r.task_id).expect("looked up above");
                 task.attempts += 1;
@@ -467,30 +467,54 @@ impl Jobs {
                 }
                 continue;
             }
-            let task = self.tasks.remove(&r.task_id).expect("looked up above");
-            let Some(f) = job.window.get_mut(&task.seq) else { continue };
-            f.blocks_left = f.blocks_left.saturating_sub(1);
-            if r.ok {
-                if first_pass {
-                    f.progress.blocks_done += 1;
-                }
-                if r.already_cached {
-                    f.progress.blocks_already_cached += 1;
-                } else if !first_pass {
-                    f.progress.blocks_verify_loaded += 1;
-                }
-            } else if f.failure.is_none() {
-                f.failure = Some(format!("block {}: {}", task.index, r.error));
-            }
-            if f.blocks_left == 0 {
-                Self::file_finished(f, first_pass);
-            }
-            job.commit();
-            if !touched.contains(&task.job) {
-                touched.push(task.job);
+            if let Some(job) = self.finish_task(r.task_id, r.ok, r.already_cached, &r.error)
+                && !touched.contains(&job)
+            {
+                touched.push(job);
             }
         }
         touched
+    }
+
+    /// Removes a task with its outcome and advances its file; returns its job.
+    fn finish_task(&mut self, task_id: u64, ok: bool, already_cached: bool, error: &str) -> Option<String> {
+        let task = self.tasks.remove(&task_id)?;
+        let job = self.jobs.get_mut(&task.job)?;
+        let first_pass = job.record.pass == 1;
+        let f = job.window.get_mut(&task.seq)?;
+        f.blocks_left = f.blocks_left.saturating_sub(1);
+        if ok {
+            if first_pass {
+                f.progress.blocks_done += 1;
+            }
+            if already_cached {
+                f.progress.blocks_already_cached += 1;
+            } else if !first_pass {
+                f.progress.blocks_verify_loaded += 1;
+            }
+        } else if f.failure.is_none() {
+            f.failure = Some(format!("block {}: {error}", task.index));
+        }
+        if f.blocks_left == 0 {
+            Self::file_finished(f, first_pass);
+        }
+        job.commit();
+        Some(task.job)
+    }
+
+    /// Fails the tasks no worker can take: the ring has fewer members than their replica
+    /// rank needs (workers were lost below the job's `--replicas`). Waiting would hang the job.
+    fn fail_unplaceable(&mut self) {
+        if self.ring.is_empty() {
+            // No membership yet (a master just started): wait for the workers to register.
+            return;
+        }
+        let stuck: Vec<u64> =
+            self.tasks.iter().filter(|(_, t)| t.target.is_none()).map(|(id, _)| *id).collect();
+        let reason = format!("only {} live workers for this many replicas", self.ring.members().len());
+        for id in stuck {
+            self.finish_task(id, false, false, &reason);
+        }
     }
 
     /// New membership: retarget queued tasks, take back tasks leased to workers that left.
@@ -501,17 +525,19 @@ impl Jobs {
         ids.sort_unstable();
         for id in ids {
             let Some(task) = self.tasks.get_mut(&id) else { continue };
-            let still_there = task.target.as_deref().is_some_and(|t| self.ring.contains(t));
-            if task.leased_until.is_some() && still_there {
+            let target = target_of(&self.ring, task.hash, task.replicas, task.replica);
+            // A lease stays where it is only if that worker is still this replica's owner.
+            if task.leased_until.is_some() && target.is_some() && target == task.target {
                 continue;
             }
             task.leased_until = None;
-            task.target = target_of(&self.ring, task.hash, task.replicas, task.replica);
+            task.target = target;
             task.not_before = task.not_before.min(now);
             if let Some(t) = &task.target {
                 self.queues.entry(t.clone()).or_default().push_back(id);
             }
         }
+        self.fail_unplaceable();
     }
 
     /// Takes back expired leases. Returns whether any task became ready again.
@@ -805,6 +831,27 @@ mod tests {
             jobs.report(w, &[ok(t)], now);
         }
         assert_eq!(jobs.end_of_pass("j", 1), PassEnd::Finished(Phase::Succeeded));
+    }
+
+    #[test]
+    fn tasks_no_worker_can_take_fail_their_file_instead_of_hanging() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a", "b"]), now);
+        jobs.insert(job("j", 2));
+        jobs.add_file("j", file("f", 1, 2), now);
+        jobs.listing_done("j");
+        let a = jobs.fetch("a", 10, now);
+        let b = jobs.fetch("b", 10, now);
+        assert_eq!(a.len() + b.len(), 2);
+        // One worker is lost: the second replica has nowhere to go.
+        jobs.set_ring(ring(&["a"]), now);
+        for t in jobs.fetch("a", 10, now).iter().chain(a.iter()) {
+            jobs.report("a", &[ok(t)], now);
+        }
+        assert_eq!(jobs.end_of_pass("j", 1), PassEnd::Finished(Phase::Failed));
+        let info = jobs.info("j").unwrap();
+        assert!(info.failures[0].reason.contains("only 1 live workers"), "{:?}", info.failures);
     }
 
     #[test]

@@ -187,3 +187,67 @@ pub trait UfsFactory: Send + Sync + 'static {
 pub fn synthetic_version(mtime_ns: i128, size: u64) -> String {
     format!("m{mtime_ns}-s{size}")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// A tree of files by path; directories are implied by the paths.
+    struct Tree(BTreeSet<&'static str>);
+
+    #[async_trait]
+    impl Ufs for Tree {
+        async fn stat(&self, path: &str) -> Result<ObjectMeta> {
+            let file = ObjectMeta { is_dir: false, size: 1, version: "v".into(), mtime_ms: 0 };
+            let dir = ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 };
+            if self.0.contains(path) {
+                Ok(file)
+            } else if path.is_empty() || self.0.iter().any(|p| p.starts_with(&format!("{path}/"))) {
+                Ok(dir)
+            } else {
+                Err(UfsError::NotFound(path.into()))
+            }
+        }
+
+        async fn list(&self, dir: &str) -> Result<Vec<UfsEntry>> {
+            let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+            let mut names = BTreeSet::new();
+            for p in self.0.iter().filter_map(|p| p.strip_prefix(prefix.as_str())) {
+                names.insert(p.split('/').next().unwrap_or(p).to_string());
+            }
+            let mut out = Vec::new();
+            // Unsorted on purpose: the walk must not rely on the service's order.
+            for name in names.into_iter().rev() {
+                let meta = self.stat(&format!("{prefix}{name}")).await?;
+                out.push(UfsEntry { name, meta });
+            }
+            Ok(out)
+        }
+
+        async fn read_range(&self, _: &str, _: Range<u64>, _: &str) -> Result<Bytes> {
+            Ok(Bytes::new())
+        }
+    }
+
+    fn walk_all(tree: &Tree, dir: &str) -> Vec<String> {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(tree.list_recursive(dir).map(|r| r.unwrap().path).collect())
+    }
+
+    #[test]
+    fn recursive_listing_is_depth_first_in_path_order() {
+        let tree = Tree(["a.bin", "a/x", "a/b/y", "a-b", "c/d/e/f", "b"].into());
+        let got = walk_all(&tree, "");
+        assert_eq!(got, ["a/b/y", "a/x", "a-b", "a.bin", "b", "c/d/e/f"]);
+        let mut sorted = got.clone();
+        sorted.sort_by(|x, y| path_order(x, y));
+        assert_eq!(got, sorted, "the order is path_order, so a cursor can resume after any path");
+        assert_eq!(walk_all(&tree, "a"), ["a/b/y", "a/x"]);
+        assert_eq!(walk_all(&tree, "a/x"), ["a/x"], "a file lists itself");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let first = rt.block_on(async { tree.list_recursive("nope").next().await });
+        assert!(matches!(first, Some(Err(UfsError::NotFound(_)))));
+    }
+}
