@@ -437,13 +437,6 @@ impl Jobs {
         out
     }
 
-    /// Whether `worker` has a task ready to fetch now.
-    pub fn has_ready(&self, worker: &str, now: Instant) -> bool {
-        self.queues
-            .get(worker)
-            .is_some_and(|q| q.iter().any(|id| self.tasks.get(id).is_some_and(|t| t.not_before <= now)))
-    }
-
     /// Outcomes from `worker`. Returns the jobs whose windows changed.
     pub fn report(&mut self, worker: &str, results: &[LoadTaskResult], now: Instant) -> Vec<String> {
         let mut touched = Vec::new();
