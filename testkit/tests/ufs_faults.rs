@@ -45,7 +45,7 @@ async fn persistent_slowdown_becomes_a_clear_temporary_error() {
     let client = c.client().await;
     client.stat("/data/s.bin").await.unwrap();
     proxy.set_default(Fault::Status(503, "SlowDown"));
-    let e = client.read_all("/data/s.bin").await.err().expect("must fail");
+    let e = client.read_all("/data/s.bin").await.map(|_| ()).expect_err("must fail");
     assert!(e.is_temporary(), "{e}");
     let msg = e.to_string();
     assert!(msg.contains("SlowDown") || msg.contains("503"), "{msg}");
@@ -63,7 +63,7 @@ async fn a_stalled_response_hits_the_deadline() {
     client.stat("/data/stall.bin").await.unwrap();
     proxy.set_default(Fault::Stall);
     let started = Instant::now();
-    let e = client.read_all("/data/stall.bin").await.err().expect("must fail");
+    let e = client.read_all("/data/stall.bin").await.map(|_| ()).expect_err("must fail");
     let took = started.elapsed();
     assert!(took < Duration::from_secs(20), "the deadline was not enforced: {took:?}");
     assert!(e.is_temporary(), "{e}");
@@ -82,7 +82,8 @@ async fn a_cut_response_never_leaves_half_a_block_cached() {
     // they stopped, so every later request fails outright: the block arrives only in part.
     proxy.push(Fault::Truncate(64 * 1024));
     proxy.set_default(Fault::Status(500, "InternalError"));
-    let e = client.read_all("/data/cut.bin").await.err().expect("a read of cut responses must fail");
+    let e =
+        client.read_all("/data/cut.bin").await.map(|_| ()).expect_err("a read of cut responses must fail");
     assert!(e.is_temporary(), "{e}");
     assert_eq!(c.ufs_reads(), 0, "no UFS read completed");
     proxy.clear();
@@ -102,12 +103,13 @@ async fn unreachable_endpoints_and_wrong_credentials_fail_at_mount_time() {
     let mut options: std::collections::HashMap<String, String> = c.ufs.mount_options().into_iter().collect();
     options.insert("endpoint".into(), format!("http://{closed}"));
     options.insert("ufs_retries".into(), "1".into());
-    let e = client.add_mount("/refused", &c.ufs_uri(), options.clone()).await.err().expect("must fail");
+    let e =
+        client.add_mount("/refused", &c.ufs_uri(), options.clone()).await.map(|_| ()).expect_err("must fail");
     assert!(e.to_string().contains("/refused"), "the error names the mount: {e}");
 
     let mut wrong = c.ufs.mount_options().into_iter().collect::<std::collections::HashMap<_, _>>();
     wrong.insert("secret_access_key".into(), "not-the-secret".into());
-    let e = client.add_mount("/badkey", &c.ufs_uri(), wrong).await.err().expect("must fail");
+    let e = client.add_mount("/badkey", &c.ufs_uri(), wrong).await.map(|_| ()).expect_err("must fail");
     let msg = e.to_string();
     assert!(msg.contains("/badkey"), "the error names the mount: {msg}");
     assert!(!msg.contains("not-the-secret"), "secrets never appear in errors: {msg}");
