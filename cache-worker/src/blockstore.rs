@@ -1,5 +1,6 @@
 //! The worker's read path: DRAM, then NVMe (promoting hits), then one UFS fetch per block
-//! shared by every concurrent miss.
+//! shared by every concurrent miss. A sidecar worker has an [`Upstream`] (the cluster's
+//! workers) that a miss asks before the UFS.
 //!
 //! Invariants: a block is cached only after a UFS read of exactly its range at exactly the
 //! requested version succeeded (the UFS refuses a changed object), so no half-written or
@@ -8,9 +9,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::frame::{ReadBlockRequest, Source};
 use strata_common::{BlockKey, ErrorKind, block, path};
@@ -58,6 +60,32 @@ pub struct WorkerMount {
     pub ufs: Arc<dyn Ufs>,
 }
 
+/// One whole block a sidecar asks its upstream for, at the version the client read.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamRead<'a> {
+    /// Strata path of the file.
+    pub path: &'a str,
+    /// The UFS identity blocks are keyed (and placed on the ring) by.
+    pub file_id: &'a str,
+    pub version: &'a str,
+    pub file_size: u64,
+    pub block_size: u64,
+    pub index: u64,
+    /// Length of the whole block.
+    pub len: u64,
+}
+
+#[derive(Debug, Error)]
+#[error("upstream cannot serve the block: {0}")]
+pub struct UpstreamError(pub String);
+
+/// Where a miss is fetched before the UFS: for a sidecar, the cluster's workers (one origin
+/// fetch for the whole cluster). An error is never final: the block is read from the UFS.
+#[async_trait]
+pub trait Upstream: Send + Sync + 'static {
+    async fn read_block(&self, read: UpstreamRead<'_>) -> Result<Bytes, UpstreamError>;
+}
+
 /// What a load task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOutcome {
@@ -73,6 +101,8 @@ pub struct Counters {
     pub ufs_reads: AtomicU64,
     pub ufs_bytes: AtomicU64,
     pub bytes_served: AtomicU64,
+    /// Blocks a sidecar got from its upstream (the cluster) instead of the UFS.
+    pub upstream_reads: AtomicU64,
 }
 
 pub struct BlockStore {
@@ -90,6 +120,8 @@ pub struct BlockStore {
     /// Where to fetch the mount table when a request names a mount this worker has not heard
     /// of yet (it was added since the last heartbeat).
     master: Mutex<Option<(MasterClient<Channel>, String)>>,
+    /// Set on a sidecar: misses ask it before the UFS.
+    upstream: OnceLock<Arc<dyn Upstream>>,
 }
 
 /// NVMe write budget is counted in KiB so a u32 of permits covers terabytes.
@@ -116,6 +148,7 @@ impl BlockStore {
             counters: Counters::default(),
             qos: Qos::default(),
             master: Mutex::new(None),
+            upstream: OnceLock::new(),
         }
     }
 
@@ -137,6 +170,12 @@ impl BlockStore {
             }
         }
         *self.mounts.write().unwrap_or_else(|p| p.into_inner()) = (list.epoch, table);
+    }
+
+    /// Makes misses ask `upstream` before the UFS (sidecar mode). Set once; later calls are
+    /// ignored.
+    pub fn set_upstream(&self, upstream: Arc<dyn Upstream>) {
+        let _ = self.upstream.set(upstream);
     }
 
     pub fn set_master(&self, client: MasterClient<Channel>, worker_id: String) {
@@ -174,7 +213,7 @@ impl BlockStore {
             )));
         }
         let (bytes, source) =
-            self.block(&key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
+            self.block(req, &key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
         let start = req.offset as usize;
         let out = bytes.slice(start..start + req.len as usize);
         self.counters.bytes_served.fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -190,7 +229,8 @@ impl BlockStore {
         if self.memory.contains(&key) || self.nvme.contains(&key) {
             return Ok(LoadOutcome { already_cached: true, bytes: block_len });
         }
-        let (_, source) = self.block(&key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
+        let (_, source) =
+            self.block(req, &key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: block_len })
     }
 
@@ -237,6 +277,7 @@ impl BlockStore {
 
     async fn block(
         &self,
+        req: &ReadBlockRequest,
         key: &BlockKey,
         mount: &WorkerMount,
         rel: &str,
@@ -258,7 +299,7 @@ impl BlockStore {
                 if let Ok(Some(b)) = self.memory.get(key).await {
                     return Ok(b);
                 }
-                self.fetch(key, mount, rel, start, len).await
+                self.fetch(req, key, mount, rel, start, len).await
             })
             .await
             .cloned();
@@ -303,12 +344,41 @@ impl BlockStore {
 
     async fn fetch(
         &self,
+        req: &ReadBlockRequest,
         key: &BlockKey,
         mount: &WorkerMount,
         rel: &str,
         start: u64,
         len: u64,
     ) -> Result<Bytes, ServeError> {
+        if let Some(upstream) = self.upstream.get() {
+            let read = UpstreamRead {
+                path: &req.path,
+                file_id: &key.file,
+                version: &key.version,
+                file_size: req.file_size,
+                block_size: req.block_size,
+                index: key.index,
+                len,
+            };
+            match upstream.read_block(read).await {
+                Ok(bytes) if bytes.len() as u64 == len => {
+                    self.counters.upstream_reads.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::UPSTREAM_READS).increment(1);
+                    metrics::counter!(m::UPSTREAM_BYTES).increment(len);
+                    self.keep(key, &bytes).await;
+                    return Ok(bytes);
+                }
+                Ok(bytes) => {
+                    metrics::counter!(m::UPSTREAM_ERRORS).increment(1);
+                    warn!(block = %key, got = bytes.len(), want = len, "upstream sent a block of the wrong length; reading the UFS");
+                }
+                Err(e) => {
+                    metrics::counter!(m::UPSTREAM_ERRORS).increment(1);
+                    debug!(block = %key, err = %e, "upstream failed; reading the UFS");
+                }
+            }
+        }
         let read = mount.ufs.read_range(rel, start..start + len, &key.version);
         let bytes = match tokio::time::timeout(self.ufs_timeout, read).await {
             Ok(Ok(b)) => b,
@@ -325,11 +395,16 @@ impl BlockStore {
         self.counters.ufs_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::UFS_READS).increment(1);
         metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
+        self.keep(key, &bytes).await;
+        Ok(bytes)
+    }
+
+    /// Caches a fetched block in DRAM and queues it for NVMe.
+    async fn keep(&self, key: &BlockKey, bytes: &Bytes) {
         if let Err(e) = self.memory.put(key, bytes.clone()).await {
             debug!(block = %key, tier = "memory", err = %e, "not cached in memory");
         }
         self.write_nvme(key.clone(), bytes.clone()).await;
-        Ok(bytes)
     }
 
     /// Queues an NVMe write, waiting for budget when too many bytes are already queued: a

@@ -35,6 +35,12 @@ pub struct WorkerConfig {
     /// Bytes of blocks waiting to be written to NVMe; a miss waits when the budget is spent
     /// (backpressure instead of dropping writes). Default 268435456 (256 MiB).
     pub nvme_write_budget: u64,
+    /// Sidecar mode (`strata worker --sidecar`): serve the data plane on `socket_path` to the
+    /// processes of this pod only, never join the cluster's ring, and fetch misses from the
+    /// cluster's workers before the UFS. Default false.
+    pub sidecar: bool,
+    /// Unix socket a sidecar serves on (`--socket`); required in sidecar mode, unused otherwise.
+    pub socket_path: Option<PathBuf>,
 }
 
 impl Default for WorkerConfig {
@@ -51,6 +57,8 @@ impl Default for WorkerConfig {
             nvme_capacity: 10 << 30,
             ufs_timeout_ms: 30_000,
             nvme_write_budget: 256 << 20,
+            sidecar: false,
+            socket_path: None,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The data-plane server: framed TCP (see `strata_common::frame`), one request at a time per
-//! connection, payload bytes written straight from the block's `Bytes`.
+//! connection, payload bytes written straight from the block's `Bytes`. The same protocol is
+//! served over a Unix socket by a sidecar worker (`serve_unix`) to the processes of its pod.
 //!
 //! A malformed frame gets an error frame and the connection is closed (its framing can no
 //! longer be trusted); a request that is well-framed but wrong gets an error frame and the
@@ -12,8 +13,8 @@ use strata_common::ErrorKind;
 use strata_common::frame::{
     self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, decode_request_header,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
@@ -34,18 +35,10 @@ pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: Cancel
         };
         match accepted {
             Ok((stream, peer)) => {
-                let store = store.clone();
-                let cancel = cancel.clone();
-                tracker.spawn(async move {
-                    tokio::select! {
-                        _ = cancel.cancelled() => {}
-                        r = connection(stream, store) => {
-                            if let Err(e) = r {
-                                debug!(%peer, err = %e, "data-plane connection ended");
-                            }
-                        }
-                    }
-                });
+                if let Err(e) = stream.set_nodelay(true) {
+                    debug!(%peer, err = %e, "cannot set TCP_NODELAY");
+                }
+                spawn_connection(&tracker, stream, peer.to_string(), store.clone(), cancel.clone());
             }
             Err(e) => {
                 warn!(err = %e, "accept failed");
@@ -57,8 +50,53 @@ pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: Cancel
     tracker.wait().await;
 }
 
-async fn connection(mut stream: TcpStream, store: Arc<BlockStore>) -> std::io::Result<()> {
-    stream.set_nodelay(true)?;
+/// Serves the data plane on a Unix socket: the sidecar's route for the processes of its pod.
+pub async fn serve_unix(listener: UnixListener, store: Arc<BlockStore>, cancel: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                spawn_connection(&tracker, stream, "unix".to_string(), store.clone(), cancel.clone());
+            }
+            Err(e) => {
+                warn!(err = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+fn spawn_connection<S>(
+    tracker: &TaskTracker,
+    stream: S,
+    peer: String,
+    store: Arc<BlockStore>,
+    cancel: CancellationToken,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tracker.spawn(async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            r = connection(stream, store) => {
+                if let Err(e) = r {
+                    debug!(%peer, err = %e, "data-plane connection ended");
+                }
+            }
+        }
+    });
+}
+
+async fn connection<S>(mut stream: S, store: Arc<BlockStore>) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut header = [0u8; REQUEST_HEADER_LEN];
     let mut body = Vec::new();
     loop {
@@ -114,7 +152,7 @@ async fn connection(mut stream: TcpStream, store: Arc<BlockStore>) -> std::io::R
 /// Answers a malformed frame and closes the connection. The peer may have sent more bytes we
 /// will never read; closing with them unread makes the kernel send a reset that can destroy our
 /// error frame in flight, so we half-close first and drain briefly.
-async fn reject(stream: &mut TcpStream, message: &str) -> std::io::Result<()> {
+async fn reject<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, message: &str) -> std::io::Result<()> {
     send_error(stream, 0, ErrorKind::BadFrame, message).await?;
     stream.shutdown().await?;
     let mut sink = [0u8; 4096];
@@ -131,8 +169,8 @@ async fn reject(stream: &mut TcpStream, message: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn send_error(
-    stream: &mut TcpStream,
+async fn send_error<S: AsyncWrite + Unpin>(
+    stream: &mut S,
     req_id: u64,
     kind: ErrorKind,
     message: &str,

@@ -8,6 +8,7 @@ pub mod dataplane;
 pub mod loader;
 mod master_link;
 pub mod metrics_defs;
+pub mod sidecar;
 pub mod tier;
 
 use std::net::SocketAddr;
@@ -37,6 +38,10 @@ pub enum WorkerError {
     Identity { path: String, source: std::io::Error },
     #[error("invalid master address {addr:?}: {reason}")]
     MasterAddr { addr: String, reason: String },
+    #[error("Unix socket {path}: {source}")]
+    Socket { path: String, source: std::io::Error },
+    #[error("sidecar: {reason}")]
+    Sidecar { reason: String },
 }
 
 /// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].

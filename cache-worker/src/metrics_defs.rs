@@ -22,6 +22,12 @@ pub const READ_SECONDS: &str = "strata_worker_read_seconds";
 pub const TIER_USED_BYTES: &str = "strata_worker_tier_used_bytes";
 /// Counter: heartbeats that failed to reach the master.
 pub const HEARTBEAT_FAILURES: &str = "strata_worker_heartbeat_failures_total";
+/// Counter: blocks a sidecar fetched from the cluster's workers instead of the UFS.
+pub const UPSTREAM_READS: &str = "strata_worker_upstream_reads_total";
+/// Counter, bytes: fetched by a sidecar from the cluster's workers.
+pub const UPSTREAM_BYTES: &str = "strata_worker_upstream_bytes_total";
+/// Counter: sidecar fetches from the cluster that failed and went to the UFS instead.
+pub const UPSTREAM_ERRORS: &str = "strata_worker_upstream_errors_total";
 /// Counter, label `result` (`loaded`/`cached`/`failed`): warmup block loads.
 pub const LOAD_BLOCKS: &str = "strata_worker_load_blocks_total";
 /// Counter, bytes: fetched from the UFS by warmup loads.

@@ -51,8 +51,15 @@ async fn connect(master: &str) -> Result<Client> {
     })
 }
 
-async fn wait_for_ctrl_c() -> Result<()> {
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+/// Waits for Ctrl-C or SIGTERM (what Kubernetes sends a pod it stops), so both shut down
+/// cleanly: queued NVMe writes finish, the sidecar's socket is removed.
+async fn wait_for_shutdown() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
     eprintln!("strata: shutting down");
     Ok(())
 }
@@ -125,7 +132,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     if let Some(m) = mounts.first() {
         println!("try:  strata ls {}    strata cat {}/<file>    strata status", m.path, m.path);
     }
-    wait_for_ctrl_c().await?;
+    wait_for_shutdown().await?;
     worker.shutdown().await;
     master.shutdown().await;
     Ok(())
@@ -144,7 +151,7 @@ async fn master(args: MasterArgs) -> Result<()> {
     }
     let handle = Master::start(cfg, Arc::new(OpendalFactory)).await?;
     println!("master listening on {} (http {})", handle.rpc_addr, handle.http_addr);
-    wait_for_ctrl_c().await?;
+    wait_for_shutdown().await?;
     handle.shutdown().await;
     Ok(())
 }
@@ -175,9 +182,23 @@ async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
     if let Some(n) = args.nvme {
         cfg.nvme_capacity = size("nvme", &n)?;
     }
+    cfg.sidecar |= args.sidecar;
+    if let Some(s) = args.socket {
+        cfg.socket_path = Some(s);
+    }
+    if cfg.sidecar {
+        let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory)).await?;
+        println!("sidecar serving data on unix:{} (http {})", handle.socket_path.display(), handle.http_addr);
+        wait_for_shutdown().await?;
+        handle.shutdown().await;
+        return Ok(());
+    }
+    if cfg.socket_path.is_some() {
+        bail!("--socket serves a sidecar: add --sidecar (a cluster worker serves TCP only)");
+    }
     let handle = Worker::start(cfg, Arc::new(OpendalFactory)).await?;
     println!("worker {} serving data on {} (http {})", handle.worker_id, handle.data_addr, handle.http_addr);
-    wait_for_ctrl_c().await?;
+    wait_for_shutdown().await?;
     handle.shutdown().await;
     Ok(())
 }

@@ -27,7 +27,7 @@ enum Command {
     Standalone(StandaloneArgs),
     /// Run a master.
     Master(MasterArgs),
-    /// Run a worker.
+    /// Run a worker; with --sidecar, a pod-local worker serving its pod over a Unix socket.
     Worker(WorkerArgs),
     /// Add, remove or list mounts (Strata path → UFS URI).
     #[command(subcommand)]
@@ -130,6 +130,13 @@ struct WorkerArgs {
     /// NVMe tier size, e.g. 100GiB.
     #[arg(long, env = "STRATA_WORKER_NVME")]
     nvme: Option<String>,
+    /// Sidecar mode: serve this pod's processes on --socket only, never join the cluster's
+    /// ring, fetch misses from the cluster's workers before the UFS.
+    #[arg(long, env = "STRATA_WORKER_SIDECAR")]
+    sidecar: bool,
+    /// Unix socket a sidecar serves on (clients find it through STRATA_SIDECAR_SOCKET).
+    #[arg(long, env = "STRATA_WORKER_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

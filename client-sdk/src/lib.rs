@@ -7,6 +7,11 @@
 //! worker can fetch any block from the UFS); the caller only sees an error when no live worker
 //! could serve. All blocks of one read come from one version of the file: a version change
 //! mid-read is detected by the workers and the read is retried whole on the new version.
+//!
+//! In a pod with a sidecar worker (`ClientConfig::sidecar_socket`, env
+//! `STRATA_SIDECAR_SOCKET`), every block is asked of the sidecar over its Unix socket first;
+//! when the sidecar cannot serve (not running, timed out, a temporary error) the block is read
+//! from the cluster over TCP as usual, so a missing sidecar slows a job down but never fails it.
 
 mod error;
 mod jobs;
@@ -14,6 +19,7 @@ mod reader;
 pub mod transport;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -33,10 +39,14 @@ pub use error::{ClientError, Result};
 pub use jobs::job_finished;
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
-pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError};
+pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError, UnixTransport};
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
 pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";
+/// Counter: block reads the sidecar could not serve that went to the cluster over TCP.
+pub const METRIC_SIDECAR_FALLBACKS: &str = "strata_client_sidecar_fallbacks_total";
+/// Environment variable naming the sidecar's Unix socket (read by [`ClientConfig::new`]).
+pub const SIDECAR_SOCKET_ENV: &str = "STRATA_SIDECAR_SOCKET";
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -53,6 +63,9 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Largest `read_range` answered in one buffer; larger reads should stream.
     pub max_read_len: u64,
+    /// Unix socket of the pod's sidecar worker: blocks are asked of it first, and of the
+    /// cluster when it cannot serve. Default: `STRATA_SIDECAR_SOCKET` when set and non-empty.
+    pub sidecar_socket: Option<PathBuf>,
 }
 
 impl ClientConfig {
@@ -65,6 +78,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(60),
             max_read_len: 4 << 30,
+            sidecar_socket: std::env::var_os(SIDECAR_SOCKET_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
         }
     }
 }
@@ -109,6 +123,8 @@ struct Inner {
     config: ClientConfig,
     master: MasterClient<Channel>,
     transport: Arc<dyn Transport>,
+    /// The sidecar's socket path and the transport that reaches it.
+    sidecar: Option<(String, Arc<dyn Transport>)>,
     view: RwLock<View>,
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
     failovers: std::sync::atomic::AtomicU64,
@@ -138,10 +154,16 @@ impl Client {
             .connect_timeout(config.connect_timeout)
             .timeout(Duration::from_secs(30));
         let channel = endpoint.connect().await.map_err(|e| unavailable(&error_chain(&e)))?;
+        let sidecar = config.sidecar_socket.as_ref().map(|p| {
+            let t: Arc<dyn Transport> =
+                Arc::new(UnixTransport::new(config.connect_timeout, config.request_timeout));
+            (p.display().to_string(), t)
+        });
         let client = Self {
             inner: Arc::new(Inner {
                 master: MasterClient::new(channel),
                 transport,
+                sidecar,
                 view: RwLock::new(View {
                     ring: Ring::default(),
                     last_members: Ring::default(),
@@ -308,6 +330,19 @@ impl Client {
             offset: slice.offset,
             len: slice.len,
         };
+        if let Some((socket, sidecar)) = &self.inner.sidecar {
+            match sidecar.read_block(socket, &req).await {
+                Ok((bytes, _source)) => return Ok(bytes),
+                // Any worker would answer the same (not found, version changed): no fallback.
+                Err(TransportError::Remote { kind, message, .. }) if !kind.is_temporary() => {
+                    return Err(ClientError::from_kind(kind, message));
+                }
+                Err(e) => {
+                    debug!(socket = %socket, block = slice.index, path = %info.path, err = %e, "sidecar failed; reading from the cluster");
+                    metrics::counter!(METRIC_SIDECAR_FALLBACKS).increment(1);
+                }
+            }
+        }
         let hash = BlockKey::new(info.file_id.clone(), info.version.clone(), slice.index).placement_hash();
         let mut last_err: Option<TransportError> = None;
         for round in 0..2 {

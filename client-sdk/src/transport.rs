@@ -1,6 +1,7 @@
 //! The data-plane transport seam. [`TcpTransport`] speaks the framed protocol of
-//! `strata_common::frame` over pooled connections; [`FaultyTransport`] wraps any transport and
-//! fails on demand, for tests.
+//! `strata_common::frame` over pooled connections; [`UnixTransport`] speaks the same frames to
+//! a sidecar worker's Unix socket; [`FaultyTransport`] wraps any transport and fails on demand,
+//! for tests.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,8 +13,8 @@ use bytes::{Bytes, BytesMut};
 use strata_common::ErrorKind;
 use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, Source};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -91,42 +92,42 @@ impl TcpTransport {
             pool.push(stream);
         }
     }
+}
 
-    async fn exchange(
-        &self,
-        stream: &mut TcpStream,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError> {
-        let io = |source| TransportError::Io { addr: addr.to_string(), source };
-        stream.write_all(&req.encode()).await.map_err(io)?;
-        let mut head = [0u8; RESPONSE_HEADER_LEN];
-        stream.read_exact(&mut head).await.map_err(io)?;
-        let head = ResponseHeader::decode(&head)
-            .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
-        let expected = match head.status {
-            Ok(_) => req.len,
-            Err(_) => head.payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
-        };
-        if head.req_id != req.req_id || head.payload_len != expected {
-            return Err(TransportError::Protocol {
-                addr: addr.to_string(),
-                reason: format!(
-                    "response {}/{} bytes for request {}/{}",
-                    head.req_id, head.payload_len, req.req_id, req.len
-                ),
-            });
-        }
-        let mut buf = BytesMut::zeroed(head.payload_len as usize);
-        stream.read_exact(&mut buf).await.map_err(io)?;
-        match head.status {
-            Ok(source) => Ok((buf.freeze(), source)),
-            Err(kind) => Err(TransportError::Remote {
-                addr: addr.to_string(),
-                kind,
-                message: String::from_utf8_lossy(&buf).into_owned(),
-            }),
-        }
+/// One request and its response on a connection that is in sync (no bytes pending).
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    req: &ReadBlockRequest,
+) -> Result<(Bytes, Source), TransportError> {
+    let io = |source| TransportError::Io { addr: addr.to_string(), source };
+    stream.write_all(&req.encode()).await.map_err(io)?;
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    stream.read_exact(&mut head).await.map_err(io)?;
+    let head = ResponseHeader::decode(&head)
+        .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
+    let expected = match head.status {
+        Ok(_) => req.len,
+        Err(_) => head.payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
+    };
+    if head.req_id != req.req_id || head.payload_len != expected {
+        return Err(TransportError::Protocol {
+            addr: addr.to_string(),
+            reason: format!(
+                "response {}/{} bytes for request {}/{}",
+                head.req_id, head.payload_len, req.req_id, req.len
+            ),
+        });
+    }
+    let mut buf = BytesMut::zeroed(head.payload_len as usize);
+    stream.read_exact(&mut buf).await.map_err(io)?;
+    match head.status {
+        Ok(source) => Ok((buf.freeze(), source)),
+        Err(kind) => Err(TransportError::Remote {
+            addr: addr.to_string(),
+            kind,
+            message: String::from_utf8_lossy(&buf).into_owned(),
+        }),
     }
 }
 
@@ -140,12 +141,64 @@ impl Transport for TcpTransport {
         let mut req = req.clone();
         req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
         let mut stream = self.checkout(addr).await?;
-        let result = tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, addr, &req))
+        let result = tokio::time::timeout(self.request_timeout, exchange(&mut stream, addr, &req))
             .await
             .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
         // Only a connection that completed a whole exchange is known to be in sync.
         if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
             self.checkin(addr, stream);
+        }
+        result
+    }
+}
+
+/// The framed protocol over a Unix socket, to the sidecar worker of this pod; `addr` is the
+/// socket's path. Keeps a few idle connections, like [`TcpTransport`].
+pub struct UnixTransport {
+    idle: Mutex<Vec<UnixStream>>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_idle: usize,
+    next_req_id: AtomicU64,
+}
+
+impl UnixTransport {
+    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::new(Vec::new()),
+            connect_timeout,
+            request_timeout,
+            max_idle: 64,
+            next_req_id: AtomicU64::new(1),
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for UnixTransport {
+    async fn read_block(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<(Bytes, Source), TransportError> {
+        let mut req = req.clone();
+        req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut stream = match pooled {
+            Some(s) => s,
+            None => tokio::time::timeout(self.connect_timeout, UnixStream::connect(addr))
+                .await
+                .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
+                .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?,
+        };
+        let result = tokio::time::timeout(self.request_timeout, exchange(&mut stream, addr, &req))
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
+        if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < self.max_idle {
+                idle.push(stream);
+            }
         }
         result
     }

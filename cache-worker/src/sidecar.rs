@@ -1,0 +1,165 @@
+//! Sidecar mode: a worker inside a training pod that serves that pod's processes over a Unix
+//! socket (in an `emptyDir` both containers mount), keeps a small pod-local tier, and fetches a
+//! miss from the cluster's workers before the UFS.
+//!
+//! Invariants: a sidecar never registers with the master, so it is never on the placement ring
+//! and never in the block map — cluster clients cannot send it reads, and its blocks are not
+//! counted as cluster copies. It still learns the mount table (with credentials, as a worker
+//! does) so that it can read the UFS itself when the cluster cannot serve. Blocks it gets from
+//! the cluster are keyed exactly as the cluster keys them (same file identity, version, index),
+//! so a version change is caught the same way.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use strata_client::{Client, ClientConfig, FileInfo};
+use strata_ufs::UfsFactory;
+use tokio::net::UnixListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::blockstore::{BlockStore, Upstream, UpstreamError, UpstreamRead};
+use crate::tier::{MemoryTier, NvmeTier, Tier, TierError};
+use crate::{WorkerConfig, WorkerError, dataplane, master_link};
+
+/// How often a sidecar asks the master for the mount table (workers learn changes from their
+/// heartbeat answers; a sidecar has no heartbeat). An unknown mount is fetched at once anyway.
+const MOUNT_REFRESH: Duration = Duration::from_secs(10);
+
+/// The cluster as a sidecar's upstream: a block is read from its owner on the ring, with the
+/// client SDK's failover to the next workers.
+pub struct ClusterUpstream {
+    client: Client,
+}
+
+impl ClusterUpstream {
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl Upstream for ClusterUpstream {
+    async fn read_block(&self, read: UpstreamRead<'_>) -> Result<Bytes, UpstreamError> {
+        let info = FileInfo {
+            path: read.path.to_string(),
+            is_dir: false,
+            size: read.file_size,
+            version: read.version.to_string(),
+            mtime_ms: 0,
+            block_size: read.block_size,
+            file_id: read.file_id.to_string(),
+        };
+        self.client
+            .read_range_of(&info, read.index * read.block_size, read.len)
+            .await
+            .map_err(|e| UpstreamError(e.to_string()))
+    }
+}
+
+/// A running sidecar. Dropping it does not stop it: call [`SidecarHandle::shutdown`].
+pub struct SidecarHandle {
+    pub socket_path: PathBuf,
+    pub http_addr: std::net::SocketAddr,
+    pub store: Arc<BlockStore>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl SidecarHandle {
+    pub async fn shutdown(self) {
+        self.store.flush().await;
+        self.cancel.cancel();
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+/// Starts a sidecar: `config.socket_path` is required; `data_addr` is not used (a sidecar has
+/// no TCP data plane). The master must be reachable at start (its membership is the upstream).
+pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result<SidecarHandle, WorkerError> {
+    let socket_path = config.socket_path.clone().ok_or(WorkerError::Sidecar {
+        reason: "sidecar mode needs a socket path (--socket or socket_path)".into(),
+    })?;
+    let worker_id =
+        config.worker_id.clone().unwrap_or_else(|| format!("sidecar-{}", uuid::Uuid::new_v4().simple()));
+
+    let nvme_dir = config.nvme_dir();
+    let nvme_err = |source| WorkerError::Nvme { dir: nvme_dir.display().to_string(), source };
+    let (dir, capacity) = (nvme_dir.clone(), config.nvme_capacity);
+    let opened = tokio::task::spawn_blocking(move || NvmeTier::open(dir, capacity))
+        .await
+        .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
+    let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
+    let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
+    let store = Arc::new(BlockStore::new(
+        memory,
+        nvme,
+        factory,
+        Duration::from_millis(config.ufs_timeout_ms),
+        config.nvme_write_budget,
+    ));
+
+    // The sidecar is a client of the cluster; it must never route through a sidecar socket
+    // itself (the pod's environment may name its own socket).
+    let mut client_config = ClientConfig::new(config.master_addr.clone());
+    client_config.sidecar_socket = None;
+    client_config.request_timeout = Duration::from_millis(config.ufs_timeout_ms);
+    let client = Client::connect(client_config)
+        .await
+        .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
+    store.set_upstream(Arc::new(ClusterUpstream::new(client)));
+    let master = master_link::connect(&config.master_addr)
+        .await
+        .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
+    store.set_master(master, worker_id.clone());
+    store.refresh_mounts().await;
+
+    let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
+    // A socket file left by an earlier container of this pod would make bind fail.
+    match std::fs::remove_file(&socket_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(socket_err(e)),
+    }
+    if let Some(parent) = socket_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(socket_err)?;
+    }
+    let listener = UnixListener::bind(&socket_path).map_err(socket_err)?;
+    // The training container may run as another user; only this pod's containers see the
+    // emptyDir the socket lives in, so the socket itself need not restrict them.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o666)).map_err(socket_err)?;
+    }
+
+    let cancel = CancellationToken::new();
+    let dp = tokio::spawn(dataplane::serve_unix(listener, store.clone(), cancel.clone()));
+    let health_store = Arc::downgrade(&store);
+    let (http_addr, http_task) = strata_proto::ops_http::serve(
+        config.http_addr,
+        Arc::new(move || if health_store.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
+    )
+    .await
+    .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
+    let refresher = {
+        let (store, cancel) = (store.clone(), cancel.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(MOUNT_REFRESH) => store.refresh_mounts().await,
+                }
+            }
+        })
+    };
+    info!(sidecar = %worker_id, socket = %socket_path.display(), %http_addr, "sidecar started");
+    Ok(SidecarHandle { socket_path, http_addr, store, cancel, tasks: vec![dp, http_task, refresher] })
+}
