@@ -23,6 +23,9 @@ pub struct MasterConfig {
     pub heartbeat_interval_ms: u64,
     /// Entries kept in the metadata (stat and listing) cache. Default 100000.
     pub metadata_cache_entries: u64,
+    /// Finished load jobs kept for `strata job ls|status|history`; older ones are forgotten
+    /// (running jobs always stay). Default 1000.
+    pub job_history: usize,
 }
 
 impl Default for MasterConfig {
@@ -34,6 +37,7 @@ impl Default for MasterConfig {
             worker_timeout_ms: 10_000,
             heartbeat_interval_ms: 1_000,
             metadata_cache_entries: 100_000,
+            job_history: 1000,
         }
     }
 }

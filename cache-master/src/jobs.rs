@@ -9,7 +9,7 @@
 //! - only the worker a task is leased to can complete it (a late report from a worker the task
 //!   was taken from is ignored);
 //! - progress is durable at a *prefix*: files are numbered in listing order (which is
-//!   deterministic, see `strata_ufs::path_order`) and the record's `cursor` is the last path
+//!   deterministic, see `strata_ufs::Ufs::list_recursive`) and the record's `cursor` is the last path
 //!   such that it and every file before it have finished. A resumed job lists again after the
 //!   cursor; the files it had in flight are loaded again (cheaply: the workers already hold
 //!   their blocks), and none is counted twice.
@@ -655,6 +655,24 @@ impl Jobs {
         })
     }
 
+    /// Forgets the oldest finished jobs beyond the newest `keep`, so history cannot grow without
+    /// bound; returns their ids to delete from the store. Running jobs are always kept.
+    pub fn prune_finished(&mut self, keep: usize) -> Vec<String> {
+        let mut finished: Vec<(i64, i64, String)> = self
+            .jobs
+            .values()
+            .filter(|j| j.record.phase.is_final())
+            .map(|j| (j.record.finished_ms, j.record.created_ms, j.record.id.clone()))
+            .collect();
+        let excess = finished.len().saturating_sub(keep);
+        finished.sort();
+        let gone: Vec<String> = finished.into_iter().take(excess).map(|(_, _, id)| id).collect();
+        for id in &gone {
+            self.jobs.remove(id);
+        }
+        gone
+    }
+
     pub fn running_ids(&self) -> Vec<String> {
         self.jobs.values().filter(|j| !j.record.phase.is_final()).map(|j| j.record.id.clone()).collect()
     }
@@ -899,5 +917,19 @@ mod tests {
         assert!(jobs.fetch("a", 10, now).is_empty());
         assert_eq!(jobs.end_of_pass("j", 3), PassEnd::Finished(Phase::Cancelled));
         assert_eq!(jobs.cancel("nope", 1), Err(JobsError::NotFound("nope".into())));
+    }
+
+    #[test]
+    fn history_keeps_the_newest_finished_jobs_and_every_running_one() {
+        let mut jobs = Jobs::new(0);
+        for (i, id) in ["old", "mid", "new"].iter().enumerate() {
+            jobs.insert(job(id, 1));
+            jobs.cancel(id, 100 + i as i64).unwrap();
+        }
+        jobs.insert(job("running", 1));
+        assert_eq!(jobs.prune_finished(2), ["old"]);
+        assert_eq!(jobs.prune_finished(2), Vec::<String>::new(), "nothing more to forget");
+        assert_eq!(jobs.prune_finished(0), ["mid", "new"]);
+        assert_eq!(jobs.ids(), ["running"], "a running job is never forgotten");
     }
 }

@@ -718,3 +718,4 @@ impl Master {
         })
     }
 }
+        state.prune_history();

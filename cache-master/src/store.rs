@@ -37,6 +37,7 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Every job, running or finished (the history).
     fn load_jobs(&self) -> Result<Vec<JobRecord>, StoreError>;
     fn put_job(&self, record: &JobRecord) -> Result<(), StoreError>;
+    fn delete_job(&self, id: &str) -> Result<(), StoreError>;
     fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
     fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError>;
     fn delete_schedule(&self, id: &str) -> Result<(), StoreError>;
@@ -129,6 +130,10 @@ impl MetaStore for RedbStore {
 
     fn put_job(&self, record: &JobRecord) -> Result<(), StoreError> {
         self.put(JOBS, &record.id, record)
+    }
+
+    fn delete_job(&self, id: &str) -> Result<(), StoreError> {
+        self.delete(JOBS, id)
     }
 
     fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {

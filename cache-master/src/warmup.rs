@@ -5,7 +5,6 @@
 //! Memory stays bounded whatever the tree's size: the listing is a stream, and a runner stops
 //! pulling from it while `WINDOW` files of its job are in flight.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use globset::{GlobSet, GlobSetBuilder};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, ErrorKind, Member, Ring, block, path};
 use strata_proto::{JobInfo, ScheduleInfo};
-use strata_ufs::{ObjectMeta, path_order};
+use strata_ufs::ObjectMeta;
 use tonic::Status;
 use tracing::{info, warn};
 
@@ -193,7 +192,19 @@ impl State {
             info!(job = %id, state, files = info.files_done, failed = info.files_failed, "load job ended");
             metrics::counter!(m::JOBS_FINISHED, "state" => state).increment(1);
         }
+        self.prune_history();
         self.progress.notify_waiters();
+    }
+
+    /// Drops finished jobs beyond `job_history`, in memory and in the store.
+    pub(crate) fn prune_history(&self) {
+        let gone = lock(&self.jobs).prune_finished(self.config.job_history);
+        for id in gone {
+            if let Err(e) = self.store.delete_job(&id) {
+                // Forgotten in memory all the same; a restart prunes it again.
+                warn!(job = %id, err = %e, "cannot delete an old job from the store");
+            }
+        }
     }
 
     /// One listing pass of a job, from its cursor; returns when everything is listed (or the
@@ -205,13 +216,10 @@ impl State {
         let (_, mount, root) =
             self.resolve("submit_load", &record.path).map_err(|e| e.message().to_string())?;
         let replicas = s.replicas.max(1) as usize;
-        let mut listing = mount.ufs.list_recursive(&root);
+        let mut listing = mount.ufs.list_recursive(&root, record.cursor.as_deref());
         let mut last_persist = Instant::now();
         while let Some(item) = listing.next().await {
             let file = item.map_err(|e| format!("listing {}: {e}", record.path))?;
-            if record.cursor.as_deref().is_some_and(|c| path_order(&file.path, c) != Ordering::Greater) {
-                continue;
-            }
             let rel_to_job = match file.path.strip_prefix(root.as_str()) {
                 Some(rest) if !rest.is_empty() => rest.trim_start_matches('/'),
                 _ => file.path.rsplit('/').next().unwrap_or(&file.path),

@@ -120,3 +120,48 @@ async fn unreachable_endpoints_and_wrong_credentials_fail_at_mount_time() {
     let shown = &client.mounts().await.unwrap()[0];
     assert_eq!(shown.options.get("secret_access_key").map(String::as_str), Some("***"));
 }
+
+/// A warmup of a prefix with millions of keys lists it as a stream of pages (memory: one page)
+/// and, after a master restart, resumes after its cursor without listing the keys before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flat_prefix_lists_page_by_page_and_resumes_after_a_key() {
+    use futures::StreamExt;
+    use strata_ufs::{OpendalUfs, Ufs};
+
+    let ufs = TestUfs::s3();
+    let keys: Vec<String> = (0..1_050).map(|i| format!("flat/k{i:05}")).collect();
+    let op = ufs.operator();
+    futures::stream::iter(keys.clone())
+        .for_each_concurrent(32, |k| {
+            let op = op.clone();
+            async move {
+                op.write(&k, vec![1u8; 3]).await.unwrap_or_else(|e| panic!("put {k}: {e}"));
+            }
+        })
+        .await;
+    let proxy = FaultProxy::start(ufs.endpoint_addr()).await;
+    let mut options: std::collections::BTreeMap<String, String> = ufs.mount_options().into_iter().collect();
+    options.insert("endpoint".into(), proxy.endpoint());
+    let direct = OpendalUfs::open(&ufs.uri(), &options).unwrap();
+
+    let mut listing = direct.list_recursive("flat", None);
+    let (mut seen, mut requests_at) = (Vec::new(), Vec::new());
+    while let Some(file) = listing.next().await {
+        seen.push(file.unwrap().path);
+        requests_at.push(proxy.requests());
+    }
+    assert_eq!(seen, keys, "every key once, in key order");
+    // The store pages at 1,000 keys: the second page is asked for only when the stream reaches
+    // it, so the listing never holds more than a page.
+    assert!(requests_at[..1000].iter().all(|r| *r == requests_at[0]), "{:?}", &requests_at[..1000]);
+    assert!(requests_at[1000..].iter().all(|r| *r == requests_at[0] + 1));
+
+    let before = proxy.requests();
+    direct.stat("flat").await.unwrap();
+    let stat_cost = proxy.requests() - before;
+    let before = proxy.requests();
+    let rest: Vec<String> =
+        direct.list_recursive("flat", Some("flat/k01020")).map(|f| f.unwrap().path).collect().await;
+    assert_eq!(rest, keys[1021..]);
+    assert_eq!(proxy.requests() - before, stat_cost + 1, "one page, starting after the cursor");
+}

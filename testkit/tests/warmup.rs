@@ -223,22 +223,33 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     let client = cluster.client().await;
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
     let schedule = client.add_schedule("* * * * * *", "", "/data/nightly", opts).await.unwrap();
+    let started = Instant::now();
     tokio::time::sleep(Duration::from_millis(4_500)).await;
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
 
     let jobs_of = |jobs: Vec<JobInfo>| -> Vec<JobInfo> {
         let mut mine: Vec<JobInfo> = jobs.into_iter().filter(|j| j.schedule_id == schedule.id).collect();
         mine.sort_by_key(|j| j.created_ms);
         mine
     };
-    let jobs = jobs_of(client.list_jobs(true, 0).await.unwrap());
-    let info = client.list_schedules().await.unwrap().into_iter().find(|s| s.id == schedule.id).unwrap();
-    assert!(jobs.len() >= 2, "{} runs in 6 s of a per-second schedule", jobs.len());
-    assert_eq!(info.fired as usize, jobs.len());
+    // Until a second run has finished (a loaded CI machine stretches the slow first run).
+    let (info, jobs) = loop {
+        let info = client.list_schedules().await.unwrap().into_iter().find(|s| s.id == schedule.id).unwrap();
+        let jobs = jobs_of(client.list_jobs(true, 0).await.unwrap());
+        if jobs.len() >= 2 && jobs[1].finished_ms > 0 {
+            break (info, jobs);
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no second run in 60 s: {info:?} {jobs:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let elapsed = started.elapsed().as_secs();
+    // A time may fire between the two reads above.
+    assert!((info.fired as usize..=info.fired as usize + 1).contains(&jobs.len()), "{info:?} {jobs:?}");
     assert!(info.skipped >= 2, "times during the slow first run were skipped: {info:?}");
-    // One decision per second: fired + skipped over ~6 s.
-    assert!((4..=8).contains(&(info.fired + info.skipped)), "{info:?}");
+    // One decision per second of the schedule's life: never more, and (a loaded machine may
+    // tick late) not far fewer.
+    let decisions = info.fired + info.skipped;
+    assert!(decisions <= elapsed + 1 && decisions * 2 + 2 >= elapsed, "{decisions} decisions in {elapsed} s: {info:?}");
     for pair in jobs.windows(2) {
         assert!(
             pair[0].finished_ms > 0 && pair[1].created_ms >= pair[0].finished_ms,

@@ -95,12 +95,20 @@ pub trait Ufs: Send + Sync + 'static {
     /// `VersionChanged` — never bytes of another version.
     async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes>;
 
-    /// Every file under `dir` (recursively; `dir` itself when it is a file), as a stream in
-    /// [`path_order`]: depth first, siblings sorted by name. Memory is bounded by one
-    /// directory level per depth, not by the size of the tree, and the order is
-    /// deterministic, so a consumer can resume after the last path it finished.
-    fn list_recursive<'a>(&'a self, dir: &'a str) -> BoxStream<'a, Result<UfsFile>> {
-        walk(self, dir)
+    /// Every file under `dir` (recursively; `dir` itself when it is a file), as a stream in an
+    /// order that is the same on every call. With `start_after` (a path this listing yielded
+    /// before) only the files after it come, so a consumer can resume where it stopped.
+    ///
+    /// The default walks [`Ufs::list`] depth first in [`path_order`]: memory is one directory
+    /// level per depth, and subtrees wholly before `start_after` are not listed again. Object
+    /// stores override it with their own key-ordered, paged listing, whose memory is one page
+    /// however flat the prefix is.
+    fn list_recursive<'a>(
+        &'a self,
+        dir: &'a str,
+        start_after: Option<&'a str>,
+    ) -> BoxStream<'a, Result<UfsFile>> {
+        walk(self, dir, start_after)
     }
 }
 
@@ -119,7 +127,11 @@ pub fn path_order(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 /// Depth-first walk over [`Ufs::list`], one sorted directory listing per level.
-fn walk<'a, U: Ufs + ?Sized>(ufs: &'a U, dir: &'a str) -> BoxStream<'a, Result<UfsFile>> {
+pub(crate) fn walk<'a, U: Ufs + ?Sized>(
+    ufs: &'a U,
+    dir: &'a str,
+    start_after: Option<&'a str>,
+) -> BoxStream<'a, Result<UfsFile>> {
     enum Step {
         Start,
         Walking(Vec<std::vec::IntoIter<(String, ObjectMeta)>>),
@@ -140,7 +152,8 @@ fn walk<'a, U: Ufs + ?Sized>(ufs: &'a U, dir: &'a str) -> BoxStream<'a, Result<U
                     Err(e) => return Some((Err(e), Step::Done)),
                 }
                 match ufs.list(root).await {
-                    Ok(entries) => vec![sorted(root, entries, join)],
+                    Ok(entries) => vec![sorted(root, entries, join, start_after)],
+                    Ok(_) if start_after == Some(root) => return None,
                     Err(e) => return Some((Err(e), Step::Done)),
                 }
             }
@@ -156,7 +169,7 @@ fn walk<'a, U: Ufs + ?Sized>(ufs: &'a U, dir: &'a str) -> BoxStream<'a, Result<U
                 return Some((Ok(UfsFile { path, meta }), Step::Walking(stack)));
             }
             match ufs.list(&path).await {
-                Ok(entries) => stack.push(sorted(&path, entries, join)),
+                Ok(entries) => stack.push(sorted(&path, entries, join, start_after)),
                 Err(e) => return Some((Err(e), Step::Done)),
             }
         }
@@ -172,15 +185,24 @@ fn sorted(
     let mut out: Vec<(String, ObjectMeta)> = entries
         .into_iter()
         .filter(|e| !e.name.is_empty())
+/// A directory level in walk order, without what lies wholly before `start_after`.
         .map(|e| (join(base, e.name.trim_end_matches('/')), e.meta))
         .collect();
     out.sort_by(|a, b| path_order(&a.0, &b.0));
     out.into_iter()
+    start_after: Option<&str>,
 }
 
 /// Turns a mount's URI and options into a [`Ufs`].
 pub trait UfsFactory: Send + Sync + 'static {
     fn open(&self, uri: &str, options: &BTreeMap<String, String>) -> Result<Arc<dyn Ufs>>;
+        .filter(|(path, meta)| match start_after {
+            None => true,
+            Some(after) => {
+                path_order(path, after) == std::cmp::Ordering::Greater
+                    || (meta.is_dir && after.strip_prefix(path.as_str()).is_some_and(|r| r.starts_with('/')))
+            }
+        })
 }
 
 /// The version string of an object without an ETag.
@@ -195,7 +217,11 @@ mod tests {
     use super::*;
 
     /// A tree of files by path; directories are implied by the paths.
-    struct Tree(BTreeSet<&'static str>);
+    struct Tree(BTreeSet<&'static str>, std::sync::Mutex<Vec<String>>);
+
+    fn tree(paths: &[&'static str]) -> Tree {
+        Tree(paths.iter().copied().collect(), Default::default())
+    }
 
     #[async_trait]
     impl Ufs for Tree {
@@ -220,6 +246,7 @@ mod tests {
             let mut out = Vec::new();
             // Unsorted on purpose: the walk must not rely on the service's order.
             for name in names.into_iter().rev() {
+            self.1.lock().unwrap().push(dir.to_string());
                 let meta = self.stat(&format!("{prefix}{name}")).await?;
                 out.push(UfsEntry { name, meta });
             }
@@ -233,13 +260,17 @@ mod tests {
 
     fn walk_all(tree: &Tree, dir: &str) -> Vec<String> {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        rt.block_on(tree.list_recursive(dir).map(|r| r.unwrap().path).collect())
+        rt.block_on(tree.list_recursive(dir, after).map(|r| r.unwrap().path).collect())
     }
 
     #[test]
     fn recursive_listing_is_depth_first_in_path_order() {
-        let tree = Tree(["a.bin", "a/x", "a/b/y", "a-b", "c/d/e/f", "b"].into());
+        let tree = tree(&["a.bin", "a/x", "a/b/y", "a-b", "c/d/e/f", "b"]);
         let got = walk_all(&tree, "");
+        walk_after(tree, dir, None)
+    }
+
+    fn walk_after(tree: &Tree, dir: &str, after: Option<&str>) -> Vec<String> {
         assert_eq!(got, ["a/b/y", "a/x", "a-b", "a.bin", "b", "c/d/e/f"]);
         let mut sorted = got.clone();
         sorted.sort_by(|x, y| path_order(x, y));
@@ -247,7 +278,21 @@ mod tests {
         assert_eq!(walk_all(&tree, "a"), ["a/b/y", "a/x"]);
         assert_eq!(walk_all(&tree, "a/x"), ["a/x"], "a file lists itself");
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let first = rt.block_on(async { tree.list_recursive("nope").next().await });
+        let first = rt.block_on(async { tree.list_recursive("nope", None).next().await });
         assert!(matches!(first, Some(Err(UfsError::NotFound(_)))));
     }
 }
+
+    #[test]
+    fn a_resumed_walk_yields_exactly_the_rest_and_skips_finished_subtrees() {
+        let paths = ["a.bin", "a/x", "a/b/y", "a/b/z", "a-b", "c/d/e/f", "c/g", "b"];
+        let full = walk_all(&tree(&paths), "");
+        for (i, after) in full.iter().enumerate() {
+            assert_eq!(walk_after(&tree(&paths), "", Some(after)), full[i + 1..], "resumed after {after}");
+        }
+        let t = tree(&paths);
+        assert_eq!(walk_after(&t, "", Some("a-b")), ["a.bin", "b", "c/d/e/f", "c/g"]);
+        let listed = t.1.lock().unwrap().clone();
+        assert!(!listed.iter().any(|d| d.starts_with('a')), "finished subtrees are not listed again: {listed:?}");
+        assert_eq!(walk_after(&tree(&paths), "a/x", Some("a/x")), Vec::<String>::new(), "a finished file");
+    }

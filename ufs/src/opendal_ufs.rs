@@ -7,11 +7,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt, future};
 use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::{ErrorKind as OdErrorKind, Metadata, Operator, options::ReadOptions};
 
 use crate::spec::UfsSpec;
-use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory, synthetic_version};
+use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory, UfsFile, synthetic_version};
 
 /// Mount options that Strata itself interprets; everything else goes to opendal.
 pub const STRATA_MOUNT_OPTIONS: &[&str] =
@@ -61,6 +63,18 @@ pub struct OpendalUfs {
     /// The service can check a version on read (S3 `If-Match`); otherwise a read is followed by
     /// a stat that compares versions.
     conditional_reads: bool,
+    /// How `list_recursive` runs on this service: a key-ordered paged listing (object stores),
+    /// or a walk over directories.
+    recursive_listing: RecursiveListing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecursiveListing {
+    /// Directory by directory ([`crate::walk`]).
+    Walk,
+    /// One recursive listing in key order; `start_after` sent to the service when it takes it,
+    /// otherwise the keys up to it are skipped as they stream by.
+    Ordered { start_after: bool },
 }
 
 impl OpendalUfs {
@@ -134,8 +148,21 @@ impl OpendalUfs {
                     .with_min_delay(Duration::from_millis(50))
                     .with_max_delay(Duration::from_secs(2)),
             );
-        let conditional_reads = op.info().capability().read_with_if_match;
-        Ok(Self { op, conditional_reads })
+        let capability = op.info().capability();
+        let conditional_reads = capability.read_with_if_match;
+        // Object stores list keys in lexicographic order, page by page: a recursive listing is a
+        // bounded-memory stream however many keys share one prefix. A file system's directory
+        // order is arbitrary, so there the walk sorts one level at a time.
+        let object_store = matches!(
+            spec,
+            UfsSpec::S3 { .. } | UfsSpec::Gcs { .. } | UfsSpec::Oss { .. } | UfsSpec::Azblob { .. }
+        );
+        let recursive_listing = if object_store && capability.list_with_recursive {
+            RecursiveListing::Ordered { start_after: capability.list_with_start_after }
+        } else {
+            RecursiveListing::Walk
+        };
+        Ok(Self { op, conditional_reads, recursive_listing })
     }
 }
 
@@ -237,6 +264,50 @@ impl Ufs for OpendalUfs {
 
 /// Builds an [`OpendalUfs`] per mount.
 #[derive(Debug, Default, Clone, Copy)]
+
+    fn list_recursive<'a>(
+        &'a self,
+        dir: &'a str,
+        start_after: Option<&'a str>,
+    ) -> BoxStream<'a, Result<UfsFile>> {
+        let RecursiveListing::Ordered { start_after: service_skips } = self.recursive_listing else {
+            return crate::walk(self, dir, start_after);
+        };
+        let root = dir.trim_matches('/');
+        let one = |item: Result<UfsFile>| stream::iter([item]).boxed();
+        stream::once(async move {
+            match self.stat(root).await {
+                Ok(_) if start_after == Some(root) => stream::empty().boxed(),
+                Ok(meta) if !meta.is_dir => one(Ok(UfsFile { path: root.to_string(), meta })),
+                Ok(_) => {
+                    let list_dir = if root.is_empty() { "/".to_string() } else { format!("{root}/") };
+                    let mut lister = self.op.lister_with(&list_dir).recursive(true);
+                    if service_skips && let Some(after) = start_after {
+                        lister = lister.start_after(after);
+                    }
+                    match lister.await {
+                        Ok(lister) => lister
+                            .filter_map(move |entry| {
+                                future::ready(match entry {
+                                    Err(e) => Some(Err(map_err(root, e))),
+                                    Ok(entry) => {
+                                        let (path, meta) = entry.into_parts();
+                                        let listed_after = start_after.is_none_or(|a| path.as_str() > a);
+                                        (!meta.is_dir() && !path.ends_with('/') && listed_after)
+                                            .then(|| Ok(UfsFile { meta: to_meta(&meta), path }))
+                                    }
+                                })
+                            })
+                            .boxed(),
+                        Err(e) => one(Err(map_err(root, e))),
+                    }
+                }
+                Err(e) => one(Err(e)),
+            }
+        })
+        .flatten()
+        .boxed()
+    }
 pub struct OpendalFactory;
 
 impl UfsFactory for OpendalFactory {

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::stream::BoxStream;
 
-use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory};
+use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory, UfsFile};
 
 /// Counters shared by every UFS a [`CountingFactory`] opens.
 #[derive(Debug, Default)]
@@ -63,6 +64,17 @@ impl Ufs for CountingUfs {
         let delay = self.faults.read_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
+    // The inner UFS's own recursive listing (an object store's ordered one), not a walk over
+    // this wrapper's `list`: tests must see what production does.
+    fn list_recursive<'a>(
+        &'a self,
+        dir: &'a str,
+        start_after: Option<&'a str>,
+    ) -> BoxStream<'a, Result<UfsFile>> {
+        self.counters.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list_recursive(dir, start_after)
+    }
+
         }
         let injected = self
             .faults
