@@ -214,14 +214,14 @@ async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
                 opts.insert(k.to_string(), v.to_string());
             }
             let m = client.add_mount(&path, &uri, opts).await?;
-            println!(
+            outln!(
                 "mounted {} -> {} (block size {}, metadata ttl {} ms)",
                 m.path, m.uri, m.block_size, m.metadata_ttl_ms
-            );
+            )?;
         }
         MountCommand::Rm { path } => {
             client.remove_mount(&path).await?;
-            println!("unmounted {path}");
+            outln!("unmounted {path}")?;
         }
         MountCommand::Ls { json } => {
             let mounts = client.mounts().await?;
@@ -230,12 +230,12 @@ async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
                     .iter()
                     .map(|m| json!({"path": m.path, "uri": m.uri, "options": m.options, "block_size": m.block_size, "metadata_ttl_ms": m.metadata_ttl_ms}))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?)?;
             } else {
                 for m in mounts {
                     let mut opts: Vec<_> = m.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     opts.sort();
-                    println!("{}\t{}\t{}", m.path, m.uri, opts.join(","));
+                    outln!("{}\t{}\t{}", m.path, m.uri, opts.join(","))?;
                 }
             }
         }
@@ -251,14 +251,14 @@ async fn ls(master: &str, path: &str, as_json: bool) -> Result<()> {
     let client = connect(master).await?;
     let entries = client.list(path).await?;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&entries.iter().map(info_json).collect::<Vec<_>>())?);
+        outln!("{}", serde_json::to_string_pretty(&entries.iter().map(info_json).collect::<Vec<_>>())?)?;
     } else {
         for e in entries {
             let name = e.path.rsplit('/').next().unwrap_or(&e.path);
             if e.is_dir {
-                println!("{:>14}  {name}/", "-");
+                outln!("{:>14}  {name}/", "-")?;
             } else {
-                println!("{:>14}  {name}", e.size);
+                outln!("{:>14}  {name}", e.size)?;
             }
         }
     }
@@ -269,16 +269,16 @@ async fn stat(master: &str, path: &str, sync: bool, as_json: bool) -> Result<()>
     let client = connect(master).await?;
     let f = client.stat_with(path, sync).await?;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&info_json(&f))?);
+        outln!("{}", serde_json::to_string_pretty(&info_json(&f))?)?;
     } else {
-        println!("path:       {}", f.path);
-        println!("type:       {}", if f.is_dir { "directory" } else { "file" });
+        outln!("path:       {}", f.path)?;
+        outln!("type:       {}", if f.is_dir { "directory" } else { "file" })?;
         if !f.is_dir {
-            println!("size:       {}", f.size);
-            println!("version:    {}", f.version);
-            println!("block size: {}", f.block_size);
+            outln!("size:       {}", f.size)?;
+            outln!("version:    {}", f.version)?;
+            outln!("block size: {}", f.block_size)?;
         }
-        println!("mtime (ms): {}", f.mtime_ms);
+        outln!("mtime (ms): {}", f.mtime_ms)?;
     }
     Ok(())
 }
@@ -369,17 +369,17 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
         let mut total = counters(&totals);
         total.as_object_mut().expect("object").insert("blocks".into(), s.blocks.into());
         let out = json!({"membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total});
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    println!("membership epoch {}  mounts {}  blocks {}", s.membership_epoch, s.mounts, s.blocks);
-    println!(
+    outln!("membership epoch {}  mounts {}  blocks {}", s.membership_epoch, s.mounts, s.blocks)?;
+    outln!(
         "cache hits {}  misses {}  ufs reads {}  ufs bytes {}  served bytes {}",
         totals.cache_hits, totals.cache_misses, totals.ufs_reads, totals.ufs_bytes_read, totals.bytes_served
-    );
+    )?;
     for w in &s.workers {
         let c = w.counters.unwrap_or_default();
-        println!(
+        outln!(
             "worker {} {} {} (heartbeat {} ms ago) blocks {} hits {} misses {} ufs bytes {}",
             w.id,
             w.data_addr,
@@ -389,15 +389,15 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
             c.cache_hits,
             c.cache_misses,
             c.ufs_bytes_read
-        );
+        )?;
         for t in &w.tiers {
-            println!(
+            outln!(
                 "    {:<7} {} / {} bytes, {} blocks",
                 tier_name(t.tier),
                 t.used_bytes,
                 t.capacity_bytes,
                 t.blocks
-            );
+            )?;
         }
     }
     Ok(())

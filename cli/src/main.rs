@@ -1,6 +1,15 @@
 //! `strata`: the command line of Strata. Thin: argument parsing, config loading, and output
 //! formatting over the master, worker and client crates.
 
+/// `println!` that returns the write error instead of panicking, so a reader that goes away
+/// (`strata job history | head`) ends the command quietly (see `main`) rather than with a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod commands;
 mod warmup;
 
@@ -181,9 +190,17 @@ fn main() -> std::process::ExitCode {
     };
     match runtime.block_on(commands::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.chain().any(is_broken_pipe) => {
+            // What a command killed by SIGPIPE exits with, without its noise.
+            std::process::ExitCode::from(141)
+        }
         Err(e) => {
             eprintln!("strata: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }

@@ -206,9 +206,9 @@ pub async fn warmup(client: &Client, args: WarmupArgs) -> Result<()> {
     let job = client.submit_load(&args.path, args.load.options()?).await?;
     if args.detach {
         if args.json {
-            println!("{}", json!({"id": job.id}));
+            outln!("{}", json!({"id": job.id}))?;
         } else {
-            println!("{}", job.id);
+            outln!("{}", job.id)?;
         }
         return Ok(());
     }
@@ -218,9 +218,9 @@ pub async fn warmup(client: &Client, args: WarmupArgs) -> Result<()> {
         follow(client, &job.id).await?
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&job_json(&done))?);
+        outln!("{}", serde_json::to_string_pretty(&job_json(&done))?)?;
     } else {
-        println!("{}", summary_line(&done));
+        outln!("{}", summary_line(&done))?;
     }
     outcome(&done)
 }
@@ -268,10 +268,10 @@ pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
         JobCommand::Status { id, json } => {
             let job = client.job_status(&id).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&job_json(&job))?);
+                outln!("{}", serde_json::to_string_pretty(&job_json(&job))?)?;
             } else {
-                println!("{}", summary_line(&job));
-                println!(
+                outln!("{}", summary_line(&job))?;
+                outln!(
                     "  pass {}  blocks {}/{} (already cached {}, verify loaded {})  retries {}  resumed {}",
                     job.pass,
                     job.blocks_done,
@@ -280,40 +280,40 @@ pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
                     job.blocks_verify_loaded,
                     job.task_retries,
                     job.resumed
-                );
+                )?;
             }
             outcome(&job)
         }
         JobCommand::Cancel { id } => {
             let job = client.cancel_job(&id).await?;
-            println!("{}", summary_line(&job));
+            outln!("{}", summary_line(&job))?;
             Ok(())
         }
         JobCommand::Schedule { cron, tz, path, load, json } => {
             let s = client.add_schedule(&cron, &tz, &path, load.options()?).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&schedule_json(&s))?);
+                outln!("{}", serde_json::to_string_pretty(&schedule_json(&s))?)?;
             } else {
-                println!("{}  {} ({})  {}  next at {} ms", s.id, s.cron, s.tz, s.path, s.next_fire_ms);
+                outln!("{}  {} ({})  {}  next at {} ms", s.id, s.cron, s.tz, s.path, s.next_fire_ms)?;
             }
             Ok(())
         }
         JobCommand::Unschedule { id } => {
             client.remove_schedule(&id).await?;
-            println!("removed schedule {id}");
+            outln!("removed schedule {id}")?;
             Ok(())
         }
         JobCommand::Schedules { json } => {
             let all = client.list_schedules().await?;
             if json {
                 let v: Vec<Value> = all.iter().map(schedule_json).collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?)?;
             } else {
                 for s in &all {
-                    println!(
+                    outln!(
                         "{}  {} ({})  {}  next {} ms  fired {}  skipped {}  last job {}",
                         s.id, s.cron, s.tz, s.path, s.next_fire_ms, s.fired, s.skipped, s.last_job_id
-                    );
+                    )?;
                 }
             }
             Ok(())
@@ -324,10 +324,10 @@ pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
 fn print_jobs(jobs: &[JobInfo], json: bool) -> Result<()> {
     if json {
         let v: Vec<Value> = jobs.iter().map(job_json).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         for j in jobs {
-            println!("{}", summary_line(j));
+            outln!("{}", summary_line(j))?;
         }
     }
     Ok(())

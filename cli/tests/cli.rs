@@ -129,3 +129,70 @@ fn standalone_serves_the_cli_and_reports_clear_errors() {
     let cat = run(&master, &["cat", "/extra/sub/blob.bin"]);
     assert!(cat.status.success() && cat.stdout == data);
 }
+
+#[test]
+fn warmup_loads_a_directory_and_job_commands_report_it() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ufs.path().join("train")).unwrap();
+    let mut bytes_total = 0;
+    for i in 0..20u32 {
+        let data = vec![i as u8; 100_000 + i as usize * 3];
+        bytes_total += data.len() as u64;
+        std::fs::write(ufs.path().join(format!("train/f{i:02}.bin")), &data).unwrap();
+    }
+    let master = format!("127.0.0.1:{}", free_port());
+    let mount = format!("/d=file://{}", ufs.path().display());
+    let _node = start_standalone(state.path(), &master, &mount);
+
+    let dry = run(&master, &["warmup", "--dry-run", "--json", "/d/train"]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let v: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert_eq!((v["files_total"].as_u64(), v["bytes_total"].as_u64()), (Some(20), Some(bytes_total)));
+    assert_eq!(v["blocks_done"], 0, "a dry run loads nothing");
+
+    let warm = run(&master, &["warmup", "--json", "/d/train"]);
+    assert!(warm.status.success(), "{}", stderr(&warm));
+    let v: serde_json::Value = serde_json::from_slice(&warm.stdout).unwrap();
+    assert_eq!(v["state"], "SUCCEEDED", "{v}");
+    assert_eq!((v["files_done"].as_u64(), v["bytes_done"].as_u64()), (Some(20), Some(bytes_total)));
+    let id = v["id"].as_str().unwrap().to_string();
+
+    let status = run(&master, &["job", "status", "--json", &id]);
+    assert!(status.status.success(), "{}", stderr(&status));
+    let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!((s["id"].as_str(), s["state"].as_str()), (Some(id.as_str()), Some("SUCCEEDED")));
+    let history = run(&master, &["job", "history"]);
+    assert!(String::from_utf8_lossy(&history.stdout).contains(&id), "history lists the job");
+
+    // Detached: the id at once, then the job can be followed with `job status`.
+    let detached = run(&master, &["warmup", "--detach", "--json", "/d/train/f03.bin"]);
+    assert!(detached.status.success(), "{}", stderr(&detached));
+    let d: serde_json::Value = serde_json::from_slice(&detached.stdout).unwrap();
+    assert!(d["id"].as_str().is_some_and(|i| !i.is_empty() && i != id));
+
+    // Failures: exit code non-zero with a message naming the problem.
+    let missing = run(&master, &["warmup", "/d/nope"]);
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("/d/nope"), "{}", stderr(&missing));
+    let bad_cron = run(&master, &["job", "schedule", "--cron", "every night", "/d/train"]);
+    assert!(!bad_cron.status.success());
+    assert!(stderr(&bad_cron).contains("cron"), "{}", stderr(&bad_cron));
+    let too_many = run(&master, &["warmup", "--replicas", "3", "/d/train"]);
+    assert!(!too_many.status.success());
+    assert!(stderr(&too_many).contains("replicas"), "{}", stderr(&too_many));
+    let unknown_job = run(&master, &["job", "status", "no-such-job"]);
+    assert!(!unknown_job.status.success());
+    assert!(stderr(&unknown_job).contains("no-such-job"), "{}", stderr(&unknown_job));
+
+    // A reader that goes away early is not an error.
+    let mut child = strata()
+        .args(["--master", &master, "job", "history"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+}
