@@ -145,6 +145,7 @@ pub(crate) fn walk<'a, U: Ufs + ?Sized>(
             Step::Start => {
                 let root = dir.trim_matches('/');
                 match ufs.stat(root).await {
+                    Ok(_) if start_after == Some(root) => return None,
                     Ok(meta) if !meta.is_dir => {
                         return Some((Ok(UfsFile { path: root.to_string(), meta }), Step::Done));
                     }
@@ -153,7 +154,6 @@ pub(crate) fn walk<'a, U: Ufs + ?Sized>(
                 }
                 match ufs.list(root).await {
                     Ok(entries) => vec![sorted(root, entries, join, start_after)],
-                    Ok(_) if start_after == Some(root) => return None,
                     Err(e) => return Some((Err(e), Step::Done)),
                 }
             }
@@ -177,25 +177,17 @@ pub(crate) fn walk<'a, U: Ufs + ?Sized>(
     .boxed()
 }
 
+/// A directory level in walk order, without what lies wholly before `start_after`.
 fn sorted(
     base: &str,
     entries: Vec<UfsEntry>,
     join: impl Fn(&str, &str) -> String,
+    start_after: Option<&str>,
 ) -> std::vec::IntoIter<(String, ObjectMeta)> {
     let mut out: Vec<(String, ObjectMeta)> = entries
         .into_iter()
         .filter(|e| !e.name.is_empty())
-/// A directory level in walk order, without what lies wholly before `start_after`.
         .map(|e| (join(base, e.name.trim_end_matches('/')), e.meta))
-        .collect();
-    out.sort_by(|a, b| path_order(&a.0, &b.0));
-    out.into_iter()
-    start_after: Option<&str>,
-}
-
-/// Turns a mount's URI and options into a [`Ufs`].
-pub trait UfsFactory: Send + Sync + 'static {
-    fn open(&self, uri: &str, options: &BTreeMap<String, String>) -> Result<Arc<dyn Ufs>>;
         .filter(|(path, meta)| match start_after {
             None => true,
             Some(after) => {
@@ -203,6 +195,14 @@ pub trait UfsFactory: Send + Sync + 'static {
                     || (meta.is_dir && after.strip_prefix(path.as_str()).is_some_and(|r| r.starts_with('/')))
             }
         })
+        .collect();
+    out.sort_by(|a, b| path_order(&a.0, &b.0));
+    out.into_iter()
+}
+
+/// Turns a mount's URI and options into a [`Ufs`].
+pub trait UfsFactory: Send + Sync + 'static {
+    fn open(&self, uri: &str, options: &BTreeMap<String, String>) -> Result<Arc<dyn Ufs>>;
 }
 
 /// The version string of an object without an ETag.
@@ -238,6 +238,7 @@ mod tests {
         }
 
         async fn list(&self, dir: &str) -> Result<Vec<UfsEntry>> {
+            self.1.lock().unwrap().push(dir.to_string());
             let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
             let mut names = BTreeSet::new();
             for p in self.0.iter().filter_map(|p| p.strip_prefix(prefix.as_str())) {
@@ -246,7 +247,6 @@ mod tests {
             let mut out = Vec::new();
             // Unsorted on purpose: the walk must not rely on the service's order.
             for name in names.into_iter().rev() {
-            self.1.lock().unwrap().push(dir.to_string());
                 let meta = self.stat(&format!("{prefix}{name}")).await?;
                 out.push(UfsEntry { name, meta });
             }
@@ -259,6 +259,10 @@ mod tests {
     }
 
     fn walk_all(tree: &Tree, dir: &str) -> Vec<String> {
+        walk_after(tree, dir, None)
+    }
+
+    fn walk_after(tree: &Tree, dir: &str, after: Option<&str>) -> Vec<String> {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(tree.list_recursive(dir, after).map(|r| r.unwrap().path).collect())
     }
@@ -267,10 +271,6 @@ mod tests {
     fn recursive_listing_is_depth_first_in_path_order() {
         let tree = tree(&["a.bin", "a/x", "a/b/y", "a-b", "c/d/e/f", "b"]);
         let got = walk_all(&tree, "");
-        walk_after(tree, dir, None)
-    }
-
-    fn walk_after(tree: &Tree, dir: &str, after: Option<&str>) -> Vec<String> {
         assert_eq!(got, ["a/b/y", "a/x", "a-b", "a.bin", "b", "c/d/e/f"]);
         let mut sorted = got.clone();
         sorted.sort_by(|x, y| path_order(x, y));
@@ -281,7 +281,6 @@ mod tests {
         let first = rt.block_on(async { tree.list_recursive("nope", None).next().await });
         assert!(matches!(first, Some(Err(UfsError::NotFound(_)))));
     }
-}
 
     #[test]
     fn a_resumed_walk_yields_exactly_the_rest_and_skips_finished_subtrees() {
@@ -296,3 +295,4 @@ mod tests {
         assert!(!listed.iter().any(|d| d.starts_with('a')), "finished subtrees are not listed again: {listed:?}");
         assert_eq!(walk_after(&tree(&paths), "a/x", Some("a/x")), Vec::<String>::new(), "a finished file");
     }
+}

@@ -260,10 +260,6 @@ impl Ufs for OpendalUfs {
         }
         Ok(bytes)
     }
-}
-
-/// Builds an [`OpendalUfs`] per mount.
-#[derive(Debug, Default, Clone, Copy)]
 
     fn list_recursive<'a>(
         &'a self,
@@ -308,6 +304,10 @@ impl Ufs for OpendalUfs {
         .flatten()
         .boxed()
     }
+}
+
+/// Builds an [`OpendalUfs`] per mount.
+#[derive(Debug, Default, Clone, Copy)]
 pub struct OpendalFactory;
 
 impl UfsFactory for OpendalFactory {

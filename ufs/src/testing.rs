@@ -60,10 +60,6 @@ impl Ufs for CountingUfs {
         self.inner.list(dir).await
     }
 
-    async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes> {
-        let delay = self.faults.read_delay_ms.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
     // The inner UFS's own recursive listing (an object store's ordered one), not a walk over
     // this wrapper's `list`: tests must see what production does.
     fn list_recursive<'a>(
@@ -75,6 +71,10 @@ impl Ufs for CountingUfs {
         self.inner.list_recursive(dir, start_after)
     }
 
+    async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes> {
+        let delay = self.faults.read_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         let injected = self
             .faults
