@@ -654,6 +654,7 @@ impl Master {
             runners: Mutex::new(Vec::new()),
             config,
         });
+        state.prune_history();
         let cancel = CancellationToken::new();
 
         let listener = TcpListener::bind(state.config.rpc_addr)
@@ -718,4 +719,3 @@ impl Master {
         })
     }
 }
-        state.prune_history();
