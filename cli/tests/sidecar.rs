@@ -83,7 +83,7 @@ fn served_by_cluster(cluster: &Cluster, workers: &[usize]) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_tier() {
+async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_tier_then_the_ufs() {
     let mut cluster = Cluster::start(ClusterOptions { workers: 2, ..ClusterOptions::default() }).await;
     let size = 5 * (1 << 20) + 12_345; // 6 blocks of 1 MiB
     let data = pattern(size, 7);
@@ -123,5 +123,12 @@ async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_ti
     assert_eq!(metric(&sidecar.http, "strata_worker_upstream_reads_total"), 6.0);
     assert_eq!(metric(&sidecar.http, "strata_worker_bytes_served_total"), 2.0 * size as f64);
     assert_eq!(cluster.ufs_reads(), ufs_reads, "the UFS was read again");
+
+    // A block the sidecar does not hold while the cluster cannot serve: the sidecar reads the
+    // UFS itself.
+    let other = cat(&master, &socket, "/data/train/shard-1.bin").await;
+    assert!(other == pattern(300_000, 8), "UFS fallback through the sidecar returned other bytes");
+    assert_eq!(metric(&sidecar.http, "strata_worker_upstream_errors_total"), 1.0);
+    assert_eq!(metric(&sidecar.http, "strata_worker_ufs_reads_total"), 1.0);
     drop(sidecar);
 }
