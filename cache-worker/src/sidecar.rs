@@ -163,3 +163,101 @@ pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result
     info!(sidecar = %worker_id, socket = %socket_path.display(), %http_addr, "sidecar started");
     Ok(SidecarHandle { socket_path, http_addr, store, cancel, tasks: vec![dp, http_task, refresher] })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::Ordering;
+
+    use strata_common::frame::{ReadBlockRequest, Source};
+    use strata_proto::{MountInfo, MountList};
+    use strata_ufs::OpendalFactory;
+    use strata_ufs::testing::CountingFactory;
+
+    use super::*;
+
+    /// An upstream that answers from a script: the block's bytes, a wrong length, or an error.
+    struct ScriptedUpstream {
+        answers: Mutex<Vec<Result<Bytes, UpstreamError>>>,
+        asked: Mutex<Vec<(String, String, u64, u64)>>,
+    }
+
+    #[async_trait]
+    impl Upstream for ScriptedUpstream {
+        async fn read_block(&self, read: UpstreamRead<'_>) -> Result<Bytes, UpstreamError> {
+            self.asked.lock().unwrap().push((
+                read.path.to_string(),
+                read.version.to_string(),
+                read.index,
+                read.len,
+            ));
+            self.answers.lock().unwrap().remove(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_miss_asks_the_upstream_first_and_falls_back_to_the_ufs() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..2500u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("f.bin"), &data).unwrap();
+        let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
+        let store = BlockStore::new(
+            Arc::new(MemoryTier::new(1 << 20)),
+            Arc::new(MemoryTier::new(0)),
+            factory.clone(),
+            Duration::from_secs(10),
+            1 << 20,
+        );
+        let uri = format!("file://{}", dir.path().display());
+        store.set_mounts(&MountList {
+            epoch: 1,
+            mounts: vec![MountInfo {
+                path: "/d".into(),
+                uri: uri.clone(),
+                block_size: 1024,
+                ..Default::default()
+            }],
+        });
+        let version = factory.open(&uri, &Default::default()).unwrap().stat("f.bin").await.unwrap().version;
+        let upstream = Arc::new(ScriptedUpstream {
+            answers: Mutex::new(vec![
+                Ok(Bytes::from(data[..1024].to_vec())),
+                Ok(Bytes::from_static(b"short")),
+                Err(UpstreamError("no live workers".into())),
+            ]),
+            asked: Mutex::new(Vec::new()),
+        });
+        store.set_upstream(upstream.clone());
+        let req = |index: u64, len: u64| ReadBlockRequest {
+            req_id: 1,
+            path: "/d/f.bin".into(),
+            version: version.clone(),
+            file_size: data.len() as u64,
+            block_size: 1024,
+            block_index: index,
+            offset: 0,
+            len,
+        };
+
+        // Block 0 comes from the upstream and is kept: the second read is a memory hit.
+        let (bytes, _) = store.read(&req(0, 1024)).await.unwrap();
+        assert_eq!(&bytes[..], &data[..1024]);
+        assert_eq!(store.read(&req(0, 1024)).await.unwrap().1, Source::Memory);
+        // Block 1: the upstream sends a wrong length, so the UFS is read. Block 2 (the last,
+        // 452 bytes): the upstream fails, so the UFS is read.
+        assert_eq!(&store.read(&req(1, 1024)).await.unwrap().0[..], &data[1024..2048]);
+        assert_eq!(&store.read(&req(2, 452)).await.unwrap().0[..], &data[2048..]);
+
+        assert_eq!(store.counters.upstream_reads.load(Ordering::Relaxed), 1);
+        assert_eq!(factory.counters.reads(), 2, "only the blocks the upstream could not serve");
+        let asked = upstream.asked.lock().unwrap().clone();
+        assert_eq!(
+            asked,
+            vec![
+                ("/d/f.bin".to_string(), version.clone(), 0, 1024),
+                ("/d/f.bin".to_string(), version.clone(), 1, 1024),
+                ("/d/f.bin".to_string(), version.clone(), 2, 452),
+            ]
+        );
+    }
+}
