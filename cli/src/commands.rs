@@ -216,7 +216,10 @@ async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
             let m = client.add_mount(&path, &uri, opts).await?;
             outln!(
                 "mounted {} -> {} (block size {}, metadata ttl {} ms)",
-                m.path, m.uri, m.block_size, m.metadata_ttl_ms
+                m.path,
+                m.uri,
+                m.block_size,
+                m.metadata_ttl_ms
             )?;
         }
         MountCommand::Rm { path } => {
@@ -375,7 +378,11 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
     outln!("membership epoch {}  mounts {}  blocks {}", s.membership_epoch, s.mounts, s.blocks)?;
     outln!(
         "cache hits {}  misses {}  ufs reads {}  ufs bytes {}  served bytes {}",
-        totals.cache_hits, totals.cache_misses, totals.ufs_reads, totals.ufs_bytes_read, totals.bytes_served
+        totals.cache_hits,
+        totals.cache_misses,
+        totals.ufs_reads,
+        totals.ufs_bytes_read,
+        totals.bytes_served
     )?;
     for w in &s.workers {
         let c = w.counters.unwrap_or_default();

@@ -312,7 +312,14 @@ pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
                 for s in &all {
                     outln!(
                         "{}  {} ({})  {}  next {} ms  fired {}  skipped {}  last job {}",
-                        s.id, s.cron, s.tz, s.path, s.next_fire_ms, s.fired, s.skipped, s.last_job_id
+                        s.id,
+                        s.cron,
+                        s.tz,
+                        s.path,
+                        s.next_fire_ms,
+                        s.fired,
+                        s.skipped,
+                        s.last_job_id
                     )?;
                 }
             }

@@ -249,7 +249,10 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     // One decision per second of the schedule's life: never more, and (a loaded machine may
     // tick late) not far fewer.
     let decisions = info.fired + info.skipped;
-    assert!(decisions <= elapsed + 1 && decisions * 2 + 2 >= elapsed, "{decisions} decisions in {elapsed} s: {info:?}");
+    assert!(
+        decisions <= elapsed + 1 && decisions * 2 + 2 >= elapsed,
+        "{decisions} decisions in {elapsed} s: {info:?}"
+    );
     for pair in jobs.windows(2) {
         assert!(
             pair[0].finished_ms > 0 && pair[1].created_ms >= pair[0].finished_ms,
