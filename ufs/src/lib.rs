@@ -292,7 +292,10 @@ mod tests {
         let t = tree(&paths);
         assert_eq!(walk_after(&t, "", Some("a-b")), ["a.bin", "b", "c/d/e/f", "c/g"]);
         let listed = t.1.lock().unwrap().clone();
-        assert!(!listed.iter().any(|d| d.starts_with('a')), "finished subtrees are not listed again: {listed:?}");
+        assert!(
+            !listed.iter().any(|d| d.starts_with('a')),
+            "finished subtrees are not listed again: {listed:?}"
+        );
         assert_eq!(walk_after(&tree(&paths), "a/x", Some("a/x")), Vec::<String>::new(), "a finished file");
     }
 }
