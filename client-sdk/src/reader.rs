@@ -1,5 +1,7 @@
 //! A streaming reader of one version of a file: `AsyncRead + AsyncSeek`, block-aligned
-//! fetches, and readahead once the reader is seen to be sequential.
+//! fetches, and adaptive readahead: the window of blocks fetched ahead doubles with every
+//! sequential block (1, 2, 4, ... up to `readahead_blocks`) and falls back to none on a seek,
+//! so a sequential reader soon has many fetches in flight while a random one wastes none.
 
 use std::collections::VecDeque;
 use std::io::{self, SeekFrom};
@@ -21,11 +23,13 @@ pub struct StrataReader {
     pending: VecDeque<(u64, JoinHandle<Result<Bytes>>)>,
     /// The block read before `current`, to tell sequential access from seeks.
     last_index: Option<u64>,
+    /// Blocks fetched ahead of the one needed now.
+    window: u64,
 }
 
 impl StrataReader {
     pub(crate) fn new(client: Client, info: FileInfo) -> Self {
-        Self { client, info, pos: 0, current: None, pending: VecDeque::new(), last_index: None }
+        Self { client, info, pos: 0, current: None, pending: VecDeque::new(), last_index: None, window: 0 }
     }
 
     /// The file (and version) this reader is pinned to.
@@ -55,8 +59,8 @@ impl StrataReader {
             }
         }
         let sequential = self.last_index.is_some_and(|last| last + 1 == index);
-        let window = if sequential { 1 + self.client.config().readahead_blocks as u64 } else { 1 };
-        let end = (index + window).min(self.block_count());
+        self.window = next_window(self.window, sequential, self.client.config().readahead_blocks as u64);
+        let end = (index + 1 + self.window).min(self.block_count());
         let mut next = self.pending.back().map_or(index, |(i, _)| i + 1);
         while next < end {
             let task = self.spawn_fetch(next);
@@ -64,6 +68,11 @@ impl StrataReader {
             next += 1;
         }
     }
+}
+
+/// The readahead window after one more block: doubled on a sequential step, reset by a seek.
+fn next_window(window: u64, sequential: bool, max: u64) -> u64 {
+    if sequential { (window * 2).max(1).min(max) } else { 0 }
 }
 
 impl Drop for StrataReader {
@@ -125,5 +134,23 @@ impl AsyncSeek for StrataReader {
 
     fn poll_complete(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
         Poll::Ready(Ok(self.pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_window;
+
+    #[test]
+    fn the_window_doubles_while_sequential_and_a_seek_resets_it() {
+        let mut w = 0;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            w = next_window(w, true, 8);
+            seen.push(w);
+        }
+        assert_eq!(seen, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(next_window(w, false, 8), 0, "a seek drops the readahead");
+        assert_eq!(next_window(0, true, 0), 0, "readahead_blocks = 0 turns it off");
     }
 }
