@@ -1,0 +1,473 @@
+//! `strata-bench`: the data plane against this machine's own ceilings, measured in one run.
+//!
+//! ```sh
+//! cargo run --release -p strata-bench --bin strata-bench                  # local dir UFS
+//! cargo run --release -p strata-bench --bin strata-bench -- --ufs s3      # STRATA_TEST_S3_*
+//! ```
+//!
+//! It starts an in-process cluster (a master and `--workers` workers on 127.0.0.1:0) over the
+//! chosen UFS and measures, each next to the ceiling it is compared with:
+//! - sequential read of one large file, cold (vs a direct opendal read of the same object,
+//!   4 MiB ranges 4 in flight) and warm (vs a loopback TCP stream between two tasks);
+//! - random reads of 4 KiB, 64 KiB and 1 MiB at concurrency 1, 8, 64 on the warm file (vs
+//!   `pread` of the same sizes at the same concurrency from a page-cached local file);
+//! - many small files, cold and warm (vs direct opendal reads of the same files).
+//!
+//! The table goes to stdout; `--json PATH` writes every figure machine-readably.
+
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::StreamExt;
+use rand::Rng;
+use serde_json::{Value, json};
+use strata_client::{Client, FileInfo};
+use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+#[derive(Parser, Debug)]
+#[command(name = "strata-bench", about = "Strata's data plane against this machine's ceilings, in one run")]
+struct Args {
+    /// Under file system: `fs` (a temporary local directory) or `s3` (the endpoint in
+    /// STRATA_TEST_S3_*, e.g. Garage from scripts/garage.sh).
+    #[arg(long, default_value = "fs")]
+    ufs: String,
+    /// Size of the sequentially read file, MiB.
+    #[arg(long, default_value_t = 1024)]
+    size_mib: u64,
+    /// Block size of the mount, MiB.
+    #[arg(long, default_value_t = 4)]
+    block_mib: u64,
+    /// Workers in the cluster.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Seconds each random-read configuration runs.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Small files read cold then warm.
+    #[arg(long, default_value_t = 1000)]
+    small_files: u64,
+    /// Size of each small file, KiB.
+    #[arg(long, default_value_t = 64)]
+    small_kib: u64,
+    /// Largest readahead window of a sequential reader, blocks (the client's default if unset).
+    #[arg(long)]
+    readahead: Option<usize>,
+    /// Write every figure as JSON to this file too.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One line of the report: a Strata figure next to its ceiling.
+struct Row {
+    name: String,
+    unit: &'static str,
+    value: f64,
+    ceiling_name: &'static str,
+    ceiling: f64,
+    extra: Value,
+}
+
+fn mib_s(bytes: u64, took: Duration) -> f64 {
+    bytes as f64 / MIB as f64 / took.as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let size = args.size_mib * MIB;
+    let ufs = match args.ufs.as_str() {
+        "fs" => TestUfs::fs(),
+        "s3" => TestUfs::s3(),
+        other => panic!("--ufs {other}: expected fs or s3"),
+    };
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let mut rows = Vec::new();
+
+    eprintln!("ceiling: loopback TCP stream of {} MiB", args.size_mib);
+    let tcp = tcp_ceiling(size).await;
+
+    eprintln!("writing the {} MiB file to the UFS ({})", args.size_mib, ufs.name());
+    let op = ufs.operator();
+    put_big(&op, "big.bin", size).await;
+    let local = scratch.path().join("big.local");
+    write_local(&local, size);
+
+    eprintln!("ceiling: page-cache read of a local file");
+    let page_cache = page_cache_ceiling(&local, size);
+    eprintln!("ceiling: direct opendal read of the object");
+    let direct = direct_read(&op, "big.bin", size).await;
+
+    let opts = ClusterOptions {
+        workers: args.workers,
+        memory_capacity: size + 256 * MIB,
+        nvme_capacity: 2 * size + 256 * MIB,
+        mount_options: vec![
+            ("block_size".into(), format!("{}MiB", args.block_mib)),
+            ("metadata_ttl".into(), "1h".into()),
+        ],
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start_with(opts, ufs).await;
+    let mut config = cluster.client_config();
+    if let Some(blocks) = args.readahead {
+        config.readahead_blocks = blocks;
+    }
+    let readahead = config.readahead_blocks;
+    let client = Client::connect(config).await.expect("connect");
+
+    eprintln!("strata: sequential cold, then warm");
+    let cold = seq_read(&client, "/data/big.bin", size).await;
+    let mut warm_best = Duration::MAX;
+    for _ in 0..2 {
+        warm_best = warm_best.min(seq_read(&client, "/data/big.bin", size).await);
+    }
+    rows.push(Row {
+        name: format!("sequential {} MiB cold", args.size_mib),
+        unit: "MiB/s",
+        value: mib_s(size, cold),
+        ceiling_name: "direct opendal read",
+        ceiling: mib_s(size, direct),
+        extra: json!({}),
+    });
+    rows.push(Row {
+        name: format!("sequential {} MiB warm", args.size_mib),
+        unit: "MiB/s",
+        value: mib_s(size, warm_best),
+        ceiling_name: "loopback TCP stream",
+        ceiling: mib_s(size, tcp),
+        extra: json!({"page_cache_read_mib_s": mib_s(size, page_cache)}),
+    });
+
+    let info = client.stat("/data/big.bin").await.expect("stat");
+    let run_for = Duration::from_secs_f64(args.secs);
+    for len in [4 * KIB, 64 * KIB, MIB] {
+        for concurrency in [1usize, 8, 64] {
+            eprintln!("random {} KiB reads at concurrency {concurrency}", len / KIB);
+            let strata = random_reads(&client, &info, len, concurrency, run_for).await;
+            let ceiling = pread_ceiling(&local, size, len, concurrency, run_for);
+            rows.push(Row {
+                name: format!("random {} KiB x{concurrency}", len / KIB),
+                unit: "ops/s",
+                value: strata.ops_per_sec(),
+                ceiling_name: "pread from page cache",
+                ceiling: ceiling.ops_per_sec(),
+                extra: json!({
+                    "p50_us": strata.percentile_us(50.0), "p99_us": strata.percentile_us(99.0),
+                    "p999_us": strata.percentile_us(99.9),
+                    "ceiling_p50_us": ceiling.percentile_us(50.0), "ceiling_p99_us": ceiling.percentile_us(99.0),
+                }),
+            });
+        }
+    }
+
+    eprintln!("{} small files of {} KiB", args.small_files, args.small_kib);
+    let small_len = args.small_kib * KIB;
+    let names: Vec<String> =
+        (0..args.small_files).map(|i| format!("small/{:02}/f{i:05}.bin", i / 1000)).collect();
+    put_small(&op, &names, small_len).await;
+    let direct_small = timed(read_small_direct(&op, &names)).await;
+    let cold_small = timed(read_small(&client, &names)).await;
+    let warm_small = timed(read_small(&client, &names)).await;
+    let files_s = |d: Duration| names.len() as f64 / d.as_secs_f64();
+    for (label, took) in [("cold", cold_small), ("warm", warm_small)] {
+        rows.push(Row {
+            name: format!("small files {} KiB {label}", args.small_kib),
+            unit: "files/s",
+            value: files_s(took),
+            ceiling_name: "direct opendal reads",
+            ceiling: files_s(direct_small),
+            extra: json!({}),
+        });
+    }
+
+    print_table(&args, readahead, &rows);
+    if let Some(path) = &args.json {
+        let v = json!({
+            "ufs": args.ufs, "size_mib": args.size_mib, "block_mib": args.block_mib, "workers": args.workers,
+            "readahead_blocks": readahead,
+            "ceilings": {
+                "loopback_tcp_mib_s": mib_s(size, tcp), "page_cache_read_mib_s": mib_s(size, page_cache),
+                "direct_ufs_read_mib_s": mib_s(size, direct),
+            },
+            "rows": rows.iter().map(|r| json!({
+                "name": r.name, "unit": r.unit, "value": r.value, "ceiling_name": r.ceiling_name,
+                "ceiling": r.ceiling, "ratio": r.value / r.ceiling, "extra": r.extra,
+            })).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v).expect("json")).expect("write --json file");
+    }
+}
+
+fn print_table(args: &Args, readahead: usize, rows: &[Row]) {
+    println!(
+        "strata-bench: ufs {}, {} worker(s), {} MiB blocks, readahead up to {readahead} blocks, {} cores",
+        args.ufs,
+        args.workers,
+        args.block_mib,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+    println!("| benchmark | strata | ceiling | ratio | p50 / p99 / p99.9 µs (ceiling p50 / p99) |");
+    println!("| --- | --- | --- | --- | --- |");
+    for r in rows {
+        let lat = match (r.extra.get("p50_us"), r.extra.get("ceiling_p50_us")) {
+            (Some(_), Some(_)) => format!(
+                "{} / {} / {} ({} / {})",
+                r.extra["p50_us"],
+                r.extra["p99_us"],
+                r.extra["p999_us"],
+                r.extra["ceiling_p50_us"],
+                r.extra["ceiling_p99_us"]
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "| {} | {:.0} {} | {:.0} ({}) | {:.2}x | {lat} |",
+            r.name,
+            r.value,
+            r.unit,
+            r.ceiling,
+            r.ceiling_name,
+            r.value / r.ceiling
+        );
+    }
+}
+
+async fn timed<F: std::future::Future<Output = ()>>(f: F) -> Duration {
+    let started = Instant::now();
+    f.await;
+    started.elapsed()
+}
+
+/// One stream over 127.0.0.1 between two tasks, 1 MiB writes and reads: the most a TCP data
+/// plane can move here.
+async fn tcp_ceiling(size: u64) -> Duration {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let sender = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.expect("accept");
+        let buf = vec![7u8; MIB as usize];
+        let mut sent = 0;
+        while sent < size {
+            let n = (size - sent).min(MIB) as usize;
+            conn.write_all(&buf[..n]).await.expect("send");
+            sent += n as u64;
+        }
+    });
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut buf = vec![0u8; MIB as usize];
+    let started = Instant::now();
+    let mut got = 0;
+    while got < size {
+        let n = conn.read(&mut buf).await.expect("receive");
+        assert!(n > 0, "the sender closed early");
+        got += n as u64;
+    }
+    let took = started.elapsed();
+    sender.await.expect("sender");
+    took
+}
+
+fn write_local(path: &Path, size: u64) {
+    let mut f = std::fs::File::create(path).expect("create local file");
+    let mut off = 0;
+    let mut buf = vec![0u8; (16 * MIB) as usize];
+    while off < size {
+        let n = (16 * MIB).min(size - off) as usize;
+        fill_pattern(3, off, &mut buf[..n]);
+        std::io::Write::write_all(&mut f, &buf[..n]).expect("write local file");
+        off += n as u64;
+    }
+}
+
+/// A sequential read of a page-cached local file (read once first to make sure it is cached).
+fn page_cache_ceiling(path: &Path, size: u64) -> Duration {
+    let read = || {
+        let mut f = std::fs::File::open(path).expect("open local file");
+        let mut buf = vec![0u8; MIB as usize];
+        let started = Instant::now();
+        let mut total = 0u64;
+        loop {
+            let n = f.read(&mut buf).expect("read local file");
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        assert_eq!(total, size);
+        started.elapsed()
+    };
+    read();
+    read().min(read())
+}
+
+async fn put_big(op: &opendal::Operator, path: &str, size: u64) {
+    let mut writer = op.writer_with(path).chunk(16 << 20).concurrent(4).await.expect("writer");
+    let mut off = 0;
+    while off < size {
+        let mut buf = vec![0u8; (16 * MIB).min(size - off) as usize];
+        fill_pattern(7, off, &mut buf);
+        off += buf.len() as u64;
+        writer.write(buf).await.expect("write");
+    }
+    writer.close().await.expect("close");
+}
+
+/// 4 MiB ranges, 4 in flight: what a tuned direct client of the store does.
+async fn direct_read(op: &opendal::Operator, path: &str, size: u64) -> Duration {
+    let started = Instant::now();
+    let n: u64 = futures::stream::iter((0..size).step_by(4 << 20).map(|start| {
+        let op = op.clone();
+        async move {
+            let end = (start + (4 << 20)).min(size);
+            op.read_with(path).range(start..end).await.expect("range read").len() as u64
+        }
+    }))
+    .buffered(4)
+    .fold(0u64, |acc, n| async move { acc + n })
+    .await;
+    assert_eq!(n, size);
+    started.elapsed()
+}
+
+async fn seq_read(client: &Client, path: &str, size: u64) -> Duration {
+    let started = Instant::now();
+    let mut reader = client.open(path).await.expect("open");
+    let mut buf = vec![0u8; (8 * MIB) as usize];
+    let mut total = 0u64;
+    loop {
+        let k = reader.read(&mut buf).await.expect("read");
+        if k == 0 {
+            break;
+        }
+        total += k as u64;
+    }
+    assert_eq!(total, size);
+    started.elapsed()
+}
+
+/// Latencies of a closed-loop run.
+struct Latencies {
+    micros: Vec<u32>,
+    took: Duration,
+}
+
+impl Latencies {
+    fn ops_per_sec(&self) -> f64 {
+        self.micros.len() as f64 / self.took.as_secs_f64()
+    }
+
+    fn percentile_us(&self, p: f64) -> u32 {
+        if self.micros.is_empty() {
+            return 0;
+        }
+        let mut sorted = self.micros.clone();
+        sorted.sort_unstable();
+        let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+        sorted[rank]
+    }
+}
+
+async fn random_reads(
+    client: &Client,
+    info: &FileInfo,
+    len: u64,
+    concurrency: usize,
+    run_for: Duration,
+) -> Latencies {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let client = client.clone();
+            let info = info.clone();
+            tokio::spawn(async move {
+                let mut micros = Vec::new();
+                while started.elapsed() < run_for {
+                    let offset = rand::rng().random_range(0..info.size - len);
+                    let t = Instant::now();
+                    let bytes = client.read_range_of(&info, offset, len).await.expect("random read");
+                    micros.push(t.elapsed().as_micros() as u32);
+                    assert_eq!(bytes.len() as u64, len);
+                }
+                micros
+            })
+        })
+        .collect();
+    let mut micros = Vec::new();
+    for t in tasks {
+        micros.extend(t.await.expect("reader task"));
+    }
+    Latencies { micros, took: started.elapsed() }
+}
+
+/// The same random reads as `pread` on a page-cached local file, one thread per reader.
+fn pread_ceiling(path: &Path, size: u64, len: u64, concurrency: usize, run_for: Duration) -> Latencies {
+    let file = Arc::new(std::fs::File::open(path).expect("open local file"));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; len as usize];
+                let mut micros = Vec::new();
+                while started.elapsed() < run_for {
+                    let offset = rand::rng().random_range(0..size - len);
+                    let t = Instant::now();
+                    file.read_exact_at(&mut buf, offset).expect("pread");
+                    micros.push(t.elapsed().as_micros() as u32);
+                }
+                micros
+            })
+        })
+        .collect();
+    let mut micros = Vec::new();
+    for t in threads {
+        micros.extend(t.join().expect("pread thread"));
+    }
+    Latencies { micros, took: started.elapsed() }
+}
+
+async fn put_small(op: &opendal::Operator, names: &[String], len: u64) {
+    futures::stream::iter(names.iter().enumerate())
+        .for_each_concurrent(64, |(i, name)| {
+            let op = op.clone();
+            async move {
+                let mut buf = vec![0u8; len as usize];
+                fill_pattern(i as u64, 0, &mut buf);
+                op.write(name, buf).await.expect("write small file");
+            }
+        })
+        .await;
+}
+
+const SMALL_CONCURRENCY: usize = 16;
+
+async fn read_small_direct(op: &opendal::Operator, names: &[String]) {
+    futures::stream::iter(names)
+        .for_each_concurrent(SMALL_CONCURRENCY, |name| {
+            let op = op.clone();
+            async move {
+                op.read(name).await.expect("direct small read");
+            }
+        })
+        .await;
+}
+
+async fn read_small(client: &Client, names: &[String]) {
+    futures::stream::iter(names)
+        .for_each_concurrent(SMALL_CONCURRENCY, |name| {
+            let client = client.clone();
+            async move {
+                client.read_all(&format!("/data/{name}")).await.expect("strata small read");
+            }
+        })
+        .await;
+}
