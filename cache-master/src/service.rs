@@ -12,12 +12,12 @@ use moka::future::Cache;
 use strata_common::{ErrorKind, block, path};
 use strata_proto::master_server::{Master as MasterRpc, MasterServer};
 use strata_proto::{
-    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, Empty,
-    FetchLoadTasksRequest, FileStatus, HeartbeatRequest, HeartbeatResponse, JobId, JobInfo, JobList,
-    ListJobsRequest, ListRequest, ListResponse, LoadTasks, MountInfo, MountList, RegisterWorkerRequest,
-    RegisterWorkerResponse, RemoveMountRequest, Replica, ReportLoadTasksRequest, ReportLoadTasksResponse,
-    ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, WorkerCounters,
-    WorkerMountsRequest, WorkerStatus,
+    AddMountRequest, BlockLocation, BlockLocations, BlockLocationsRequest, ClusterStatus, DeleteRequest,
+    Empty, FetchLoadTasksRequest, FileStatus, HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId,
+    JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks, MkdirRequest, MountInfo,
+    MountList, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, Replica,
+    ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest,
+    StatRequest, SubmitLoadRequest, WorkerCounters, WorkerMountsRequest, WorkerStatus,
 };
 use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory, redact_options};
 use thiserror::Error;
@@ -193,6 +193,44 @@ impl State {
         }
     }
 
+    /// A path on a mount that may be written through Strata (`mode=write-through`).
+    fn writable(&self, rpc: &'static str, raw: &str) -> Result<(String, Arc<Mount>, String), Status> {
+        let (p, mount, rel) = self.resolve(rpc, raw)?;
+        if mount.read_only || mount.ufs.as_write().is_none() {
+            return Err(err(
+                rpc,
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{p} is on the read-only mount {} (mount it with -o mode=write-through to write through Strata)",
+                    mount.record.path
+                ),
+            ));
+        }
+        Ok((p, mount, rel))
+    }
+
+    /// Forgets cached metadata a change at `p` makes stale: its own, and the listings (and
+    /// stats: an object store's directory exists only while it has children) of its parents.
+    async fn forget(&self, p: &str, subtree: bool) {
+        if subtree {
+            self.stats.invalidate_all();
+            self.lists.invalidate_all();
+            return;
+        }
+        self.stats.invalidate(p).await;
+        self.lists.invalidate(p).await;
+        let mut cur = p;
+        while let Some((parent, _)) = cur.rsplit_once('/') {
+            let parent = if parent.is_empty() { "/" } else { parent };
+            self.stats.invalidate(parent).await;
+            self.lists.invalidate(parent).await;
+            if parent == "/" {
+                break;
+            }
+            cur = parent;
+        }
+    }
+
     fn tick(&self) {
         let lost = lock(&self.membership).tick(Instant::now());
         if !lost.is_empty() {
@@ -330,6 +368,53 @@ impl MasterRpc for Rpc {
             })
             .collect();
         Ok(Response::new(ListResponse { entries: out }))
+    }
+
+    async fn delete(&self, req: Request<DeleteRequest>) -> RpcResult<Empty> {
+        const RPC: &str = "delete";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let req = req.into_inner();
+        let (p, mount, rel) = self.0.writable(RPC, &req.path)?;
+        if rel.is_empty() {
+            let msg = format!("{p} is a mount point (`strata mount rm {p}` unmounts it)");
+            return Err(err(RPC, ErrorKind::InvalidArgument, msg));
+        }
+        let meta = mount.ufs.stat(&rel).await.map_err(|e| ufs_err(RPC, &p, e))?;
+        let ufs = mount.ufs.as_write().ok_or_else(|| err(RPC, ErrorKind::PermissionDenied, p.clone()))?;
+        let result = ufs.delete(&rel, meta.is_dir, req.recursive).await;
+        self.0.forget(&p, meta.is_dir).await;
+        result.map_err(|e| ufs_err(RPC, &p, e))?;
+        info!(path = %p, dir = meta.is_dir, "deleted");
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn mkdir(&self, req: Request<MkdirRequest>) -> RpcResult<Empty> {
+        const RPC: &str = "mkdir";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let (p, mount, rel) = self.0.writable(RPC, &req.into_inner().path)?;
+        if rel.is_empty() {
+            return Ok(Response::new(Empty {}));
+        }
+        match mount.ufs.stat(&rel).await {
+            Ok(meta) if !meta.is_dir => {
+                return Err(err(RPC, ErrorKind::AlreadyExists, format!("{p} exists and is a file")));
+            }
+            Ok(_) => return Ok(Response::new(Empty {})),
+            Err(_) => {}
+        }
+        let ufs = mount.ufs.as_write().ok_or_else(|| err(RPC, ErrorKind::PermissionDenied, p.clone()))?;
+        let result = ufs.create_dir(&rel).await;
+        self.0.forget(&p, false).await;
+        result.map_err(|e| ufs_err(RPC, &p, e))?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn invalidate(&self, req: Request<InvalidateRequest>) -> RpcResult<Empty> {
+        const RPC: &str = "invalidate";
+        metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
+        let (p, _, _) = self.0.resolve(RPC, &req.into_inner().path)?;
+        self.0.forget(&p, false).await;
+        Ok(Response::new(Empty {}))
     }
 
     async fn get_block_locations(&self, req: Request<BlockLocationsRequest>) -> RpcResult<BlockLocations> {

@@ -40,6 +40,8 @@ pub enum ServeError {
     Ufs(#[from] UfsError),
     #[error("UFS read of {0} timed out")]
     UfsTimeout(String),
+    #[error("{0} is on a read-only mount (mount it with -o mode=write-through to write through Strata)")]
+    ReadOnly(String),
 }
 
 impl ServeError {
@@ -49,6 +51,7 @@ impl ServeError {
             ServeError::NoMount(_) => ErrorKind::NotFound,
             ServeError::Ufs(e) => e.kind(),
             ServeError::UfsTimeout(_) => ErrorKind::Ufs,
+            ServeError::ReadOnly(_) => ErrorKind::PermissionDenied,
         }
     }
 }
@@ -58,6 +61,8 @@ pub struct WorkerMount {
     pub uri: String,
     pub block_size: u64,
     pub ufs: Arc<dyn Ufs>,
+    /// The mount's `mode` is `write-through`: clients may write files through this worker.
+    pub writable: bool,
 }
 
 /// One whole block a sidecar asks its upstream for, at the version the client read.
@@ -161,7 +166,12 @@ impl BlockStore {
                 Ok(ufs) => {
                     table.insert(
                         m.path.clone(),
-                        Arc::new(WorkerMount { uri: m.uri.clone(), block_size: m.block_size, ufs }),
+                        Arc::new(WorkerMount {
+                            uri: m.uri.clone(),
+                            block_size: m.block_size,
+                            ufs,
+                            writable: m.options.get("mode").is_some_and(|v| v == "write-through"),
+                        }),
                     );
                 }
                 Err(e) => {
@@ -196,7 +206,7 @@ impl BlockStore {
         self.mounts.read().unwrap_or_else(|p| p.into_inner()).0
     }
 
-    fn resolve(&self, p: &str) -> Option<(Arc<WorkerMount>, String)> {
+    pub(crate) fn resolve(&self, p: &str) -> Option<(Arc<WorkerMount>, String)> {
         let guard = self.mounts.read().unwrap_or_else(|p| p.into_inner());
         path::resolve_mount(&guard.1, p).map(|(_, m, rel)| (m.clone(), rel))
     }

@@ -107,6 +107,11 @@ where
         }
         let body_len = match decode_request_header(&header) {
             Ok((frame::Op::ReadBlock, len)) => len,
+            Ok((frame::Op::WriteBegin, len)) => {
+                crate::writes::serve_write(&mut stream, &store, len).await?;
+                continue;
+            }
+            Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
             Err(e) => return reject(&mut stream, &e.to_string()).await,
         };
         body.resize(body_len, 0);

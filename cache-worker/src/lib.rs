@@ -10,6 +10,7 @@ mod master_link;
 pub mod metrics_defs;
 pub mod sidecar;
 pub mod tier;
+mod writes;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -14,6 +14,8 @@ pub enum ClientError {
     IsDirectory(String),
     #[error("already exists: {0}")]
     AlreadyExists(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     #[error("master unavailable: {0}")]
     MasterUnavailable(String),
     #[error("no worker could serve the read: {0}")]
@@ -36,6 +38,7 @@ impl ClientError {
             ErrorKind::NotFound => ClientError::NotFound(message),
             ErrorKind::IsDirectory => ClientError::IsDirectory(message),
             ErrorKind::AlreadyExists => ClientError::AlreadyExists(message),
+            ErrorKind::PermissionDenied => ClientError::PermissionDenied(message),
             ErrorKind::VersionChanged => ClientError::Changed(message),
             kind => ClientError::Remote { kind, message },
         }
@@ -58,6 +61,7 @@ impl From<ClientError> for std::io::Error {
             ClientError::NotFound(_) => K::NotFound,
             ClientError::IsDirectory(_) => K::IsADirectory,
             ClientError::AlreadyExists(_) => K::AlreadyExists,
+            ClientError::PermissionDenied(_) => K::PermissionDenied,
             _ => K::Other,
         };
         std::io::Error::new(kind, e)

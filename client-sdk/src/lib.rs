@@ -14,6 +14,7 @@
 //! from the cluster over TCP as usual, so a missing sidecar slows a job down but never fails it.
 
 mod error;
+mod fsops;
 mod jobs;
 mod reader;
 pub mod transport;
@@ -36,6 +37,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
 pub use error::{ClientError, Result};
+pub use fsops::StrataWriter;
 pub use jobs::job_finished;
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};

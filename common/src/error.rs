@@ -26,6 +26,8 @@ pub enum ErrorKind {
     AlreadyExists = 8,
     /// A path is a directory where a file is needed.
     IsDirectory = 9,
+    /// The mount (or the UFS) refuses the operation, e.g. a write to a read-only mount.
+    PermissionDenied = 10,
 }
 
 impl ErrorKind {
@@ -45,6 +47,7 @@ impl ErrorKind {
             7 => Self::Unavailable,
             8 => Self::AlreadyExists,
             9 => Self::IsDirectory,
+            10 => Self::PermissionDenied,
             _ => return None,
         })
     }
@@ -60,6 +63,7 @@ impl ErrorKind {
             Self::Unavailable => "unavailable",
             Self::AlreadyExists => "already_exists",
             Self::IsDirectory => "is_directory",
+            Self::PermissionDenied => "permission_denied",
         }
     }
 }

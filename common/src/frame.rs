@@ -12,6 +12,16 @@
 //! ```
 //! `status` 0 is success and the payload is data; otherwise it is an [`ErrorKind`] code and
 //! the payload a UTF-8 message.
+//!
+//! A write replaces one whole file, streamed on one connection (see [`WriteBegin`]):
+//! ```text
+//! WriteBegin  body = req_id:u64 path_len:u16 path   → response (no payload): go ahead, or error
+//! WriteData   body = bytes (≤ MAX_WRITE_CHUNK)        (no response)
+//! WriteEnd    body = empty                           → response (no payload): committed, or error
+//! ```
+//! A failure in the middle is answered at `WriteEnd` (the data frames already sent are read and
+//! dropped, so the connection stays in sync); closing the connection before `WriteEnd` aborts
+//! the write and leaves the old object in place.
 
 use thiserror::Error;
 
@@ -26,6 +36,8 @@ pub const MAX_REQUEST_BODY: usize = 48 + 2 + crate::path::MAX_PATH_LEN + 2 + MAX
 pub const MAX_VERSION_LEN: usize = 1024;
 /// Largest error message a worker sends (longer ones are cut).
 pub const MAX_ERROR_MESSAGE: usize = 4096;
+/// Largest body of one `WriteData` frame.
+pub const MAX_WRITE_CHUNK: usize = 8 << 20;
 
 /// Request operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +45,12 @@ pub const MAX_ERROR_MESSAGE: usize = 4096;
 pub enum Op {
     /// Read a byte range of one block.
     ReadBlock = 1,
+    /// Start replacing a file ([`WriteBegin`]).
+    WriteBegin = 2,
+    /// Bytes of the file being written, in order.
+    WriteData = 3,
+    /// Commit the file being written.
+    WriteEnd = 4,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -129,13 +147,60 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
     }
     let op = match h[4] {
         1 => Op::ReadBlock,
+        2 => Op::WriteBegin,
+        3 => Op::WriteData,
+        4 => Op::WriteEnd,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
-    if body_len > MAX_REQUEST_BODY {
+    let limit = match op {
+        Op::WriteData => MAX_WRITE_CHUNK,
+        Op::WriteEnd => 0,
+        _ => MAX_REQUEST_BODY,
+    };
+    if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
     }
     Ok((op, body_len))
+}
+
+/// The first frame of a write: which file to replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteBegin {
+    pub req_id: u64,
+    /// Strata path of the file (normalised, absolute).
+    pub path: String,
+}
+
+impl WriteBegin {
+    pub fn encode(&self) -> Vec<u8> {
+        let body_len = 8 + 2 + self.path.len();
+        let mut out = request_header(Op::WriteBegin, body_len).to_vec();
+        out.extend_from_slice(&self.req_id.to_le_bytes());
+        out.extend_from_slice(&(self.path.len() as u16).to_le_bytes());
+        out.extend_from_slice(self.path.as_bytes());
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let path = r.string()?;
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { req_id, path })
+    }
+}
+
+/// The header of a request frame whose body (of `body_len` bytes) follows; `WriteData` and
+/// `WriteEnd` frames are this header alone plus the raw bytes.
+pub fn request_header(op: Op, body_len: usize) -> [u8; REQUEST_HEADER_LEN] {
+    let mut h = [0u8; REQUEST_HEADER_LEN];
+    h[0..4].copy_from_slice(&REQUEST_MAGIC);
+    h[4] = op as u8;
+    h[8..12].copy_from_slice(&(body_len as u32).to_le_bytes());
+    h
 }
 
 /// A decoded response header.
@@ -246,6 +311,26 @@ mod tests {
             let h = ResponseHeader { status, req_id: 5, payload_len: 77 };
             assert_eq!(ResponseHeader::decode(&h.encode()).unwrap(), h);
         }
+    }
+
+    #[test]
+    fn write_frames_round_trip() {
+        let begin = WriteBegin { req_id: 3, path: "/data/ü.bin".into() };
+        let enc = begin.encode();
+        let header: [u8; REQUEST_HEADER_LEN] = enc[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::WriteBegin, enc.len() - REQUEST_HEADER_LEN));
+        assert_eq!(WriteBegin::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(), begin);
+        let data = request_header(Op::WriteData, MAX_WRITE_CHUNK);
+        assert_eq!(decode_request_header(&data).unwrap(), (Op::WriteData, MAX_WRITE_CHUNK));
+        let too_big = request_header(Op::WriteData, MAX_WRITE_CHUNK + 1);
+        assert!(matches!(decode_request_header(&too_big), Err(FrameError::BodyTooLarge(_))));
+        // A data-sized body is refused on any other op.
+        let big_begin = request_header(Op::WriteBegin, MAX_WRITE_CHUNK);
+        assert!(matches!(decode_request_header(&big_begin), Err(FrameError::BodyTooLarge(_))));
+        assert!(matches!(
+            decode_request_header(&request_header(Op::WriteEnd, 1)),
+            Err(FrameError::BodyTooLarge(1))
+        ));
     }
 
     proptest! {

@@ -19,6 +19,7 @@ pub fn status(kind: ErrorKind, message: impl Into<String>) -> tonic::Status {
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::IsDirectory => Code::FailedPrecondition,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         _ => Code::Internal,
     };
     tonic::Status::new(code, message)
@@ -33,6 +34,7 @@ pub fn kind_of(status: &tonic::Status) -> ErrorKind {
         Code::Aborted => ErrorKind::VersionChanged,
         Code::AlreadyExists => ErrorKind::AlreadyExists,
         Code::FailedPrecondition => ErrorKind::IsDirectory,
+        Code::PermissionDenied => ErrorKind::PermissionDenied,
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted => {
             ErrorKind::Unavailable
         }

@@ -9,6 +9,7 @@
 mod opendal_ufs;
 mod spec;
 pub mod testing;
+mod write;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -26,6 +27,7 @@ pub use opendal_ufs::{
     STRATA_MOUNT_OPTIONS, parse_duration,
 };
 pub use spec::{SUPPORTED_SCHEMES, UfsSpec, is_secret_option, redact_options};
+pub use write::{UfsWrite, UfsWriter};
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -60,7 +62,8 @@ impl UfsError {
             UfsError::IsDirectory(_) => ErrorKind::IsDirectory,
             UfsError::UnsupportedScheme(_) | UfsError::InvalidConfig(_) => ErrorKind::InvalidArgument,
             UfsError::VersionChanged(_) => ErrorKind::VersionChanged,
-            UfsError::PermissionDenied(_) | UfsError::Temporary(_) | UfsError::Other(_) => ErrorKind::Ufs,
+            UfsError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            UfsError::Temporary(_) | UfsError::Other(_) => ErrorKind::Ufs,
         }
     }
 }
@@ -87,6 +90,11 @@ pub struct UfsEntry {
 
 #[async_trait]
 pub trait Ufs: Send + Sync + 'static {
+    /// The write side of this UFS, if it has one (see [`UfsWrite`]).
+    fn as_write(&self) -> Option<&dyn UfsWrite> {
+        None
+    }
+
     /// Metadata of a file or directory; `path` is relative to the UFS root ("" is the root).
     async fn stat(&self, path: &str) -> Result<ObjectMeta>;
     /// Direct children of a directory.

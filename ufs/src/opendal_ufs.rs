@@ -59,7 +59,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 }
 
 pub struct OpendalUfs {
-    op: Operator,
+    pub(crate) op: Operator,
     /// The service can check a version on read (S3 `If-Match`); otherwise a read is followed by
     /// a stat that compares versions.
     conditional_reads: bool,
@@ -166,7 +166,7 @@ impl OpendalUfs {
     }
 }
 
-fn map_err(path: &str, err: opendal::Error) -> UfsError {
+pub(crate) fn map_err(path: &str, err: opendal::Error) -> UfsError {
     match err.kind() {
         OdErrorKind::NotFound => UfsError::NotFound(path.to_string()),
         OdErrorKind::IsADirectory => UfsError::IsDirectory(path.to_string()),
@@ -197,6 +197,10 @@ fn to_meta(meta: &Metadata) -> ObjectMeta {
 
 #[async_trait]
 impl Ufs for OpendalUfs {
+    fn as_write(&self) -> Option<&dyn crate::UfsWrite> {
+        Some(self)
+    }
+
     async fn stat(&self, path: &str) -> Result<ObjectMeta> {
         if path.is_empty() {
             // opendal answers a stat of an object store's root without a request; listing one

@@ -50,6 +50,10 @@ pub struct CountingUfs {
 
 #[async_trait]
 impl Ufs for CountingUfs {
+    fn as_write(&self) -> Option<&dyn crate::UfsWrite> {
+        self.inner.as_write()
+    }
+
     async fn stat(&self, path: &str) -> Result<ObjectMeta> {
         self.counters.stats.fetch_add(1, Ordering::SeqCst);
         self.inner.stat(path).await

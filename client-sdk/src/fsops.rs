@@ -1,0 +1,300 @@
+//! Reads into a caller's buffer, and the write side of the client: whole-file writes through a
+//! worker ([`StrataWriter`]), deletes and directories through the master.
+//!
+//! After any change the client forgets its own cached stat of the path and asks the master to
+//! forget its cached metadata, so the next `stat`/`read` through any client of that master sees
+//! the new size and version. Other clients' local stat caches may still hold the old version
+//! for up to the mount's metadata TTL (the same bound as for changes made behind Strata's back).
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use strata_common::frame::{
+    MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBegin, request_header,
+};
+use strata_common::{BlockKey, block_slices, path};
+use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::warn;
+
+use crate::{Client, ClientError, FileInfo, Result, TransportError};
+
+/// Writes smaller than this are gathered into one data frame; larger ones go out as they are.
+const GATHER: usize = 1 << 20;
+/// Size of a gathered data frame.
+const FRAME: usize = 4 << 20;
+
+impl Client {
+    /// Fills `buf` with the bytes of one version of a file from `offset` (the caller sizes
+    /// `buf` within the file). Blocks are fetched in parallel and each is copied once, straight
+    /// into its place in `buf`.
+    pub async fn read_into(&self, info: &FileInfo, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if info.is_dir {
+            return Err(ClientError::IsDirectory(info.path.clone()));
+        }
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > info.size) {
+            return Err(ClientError::InvalidArgument(format!(
+                "range {offset}+{} is outside {} ({} bytes)",
+                buf.len(),
+                info.path,
+                info.size
+            )));
+        }
+        let slices = block_slices(info.size, info.block_size, offset, buf.len() as u64);
+        let mut parts = Vec::with_capacity(slices.len());
+        let mut rest = buf;
+        for s in slices {
+            let (head, tail) = rest.split_at_mut(s.len as usize);
+            parts.push((s, head));
+            rest = tail;
+        }
+        futures::stream::iter(parts.into_iter().map(|(s, dst)| async move {
+            let bytes = self.read_slice(info, s).await?;
+            dst.copy_from_slice(&bytes);
+            Ok::<_, ClientError>(())
+        }))
+        .buffer_unordered(self.config().parallelism.max(1))
+        .try_collect::<()>()
+        .await
+    }
+
+    /// Starts replacing the file at `path` (on a `mode=write-through` mount) with the bytes
+    /// written to the returned writer; the file changes when [`StrataWriter::close`] succeeds.
+    pub async fn create(&self, raw: &str) -> Result<StrataWriter> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        // Any worker can write any file; placing by path spreads concurrent writers.
+        let hash = BlockKey::new(p.clone(), String::new(), 0).placement_hash();
+        let mut ring = self.ring().await?;
+        if ring.is_empty() {
+            ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
+        }
+        let mut last_err = None;
+        for owner in ring.owners(hash, ring.members().len()) {
+            match self.begin_write(&owner.data_addr, &p).await {
+                Ok(stream) => {
+                    return Ok(StrataWriter {
+                        client: self.clone(),
+                        path: p,
+                        addr: owner.data_addr.clone(),
+                        stream: Some(stream),
+                        gathered: Vec::new(),
+                        written: 0,
+                    });
+                }
+                Err(e) if e.try_next_worker() => {
+                    warn!(worker = %owner.id, path = %p, err = %e, "cannot start a write; trying the next worker");
+                    last_err = Some(e);
+                }
+                Err(TransportError::Remote { kind, message, .. }) => {
+                    return Err(ClientError::from_kind(kind, message));
+                }
+                Err(e) => return Err(ClientError::Unavailable(e.to_string())),
+            }
+        }
+        Err(ClientError::Unavailable(last_err.map_or_else(|| "no live workers".into(), |e| e.to_string())))
+    }
+
+    async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<TcpStream, TransportError> {
+        let timeout = self.config().connect_timeout;
+        let mut stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
+            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+        stream
+            .set_nodelay(true)
+            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+        let begin = WriteBegin { req_id: 1, path: p.to_string() }.encode();
+        let exchange = async {
+            stream.write_all(&begin).await.map_err(|source| io_err(addr, source))?;
+            read_answer(&mut stream, addr).await
+        };
+        tokio::time::timeout(self.config().request_timeout, exchange)
+            .await
+            .map_err(|_| TransportError::Timeout { addr: addr.to_string() })??;
+        Ok(stream)
+    }
+
+    /// Deletes a file, or a directory (with everything under it when `recursive`).
+    pub async fn delete(&self, raw: &str, recursive: bool) -> Result<()> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let result = self.master().delete(DeleteRequest { path: p.clone(), recursive }).await;
+        self.forget_local(&p, true);
+        result.map_err(|s| self.status_err(s))?;
+        Ok(())
+    }
+
+    /// Makes a directory and its parents (nothing to do if it exists).
+    pub async fn mkdir(&self, raw: &str) -> Result<()> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let result = self.master().mkdir(MkdirRequest { path: p.clone() }).await;
+        self.forget_local(&p, false);
+        result.map_err(|s| self.status_err(s))?;
+        Ok(())
+    }
+
+    /// Forgets cached metadata of `path` here and on the master.
+    pub async fn invalidate(&self, raw: &str) -> Result<()> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        self.forget_local(&p, false);
+        self.master().invalidate(InvalidateRequest { path: p }).await.map_err(|s| self.status_err(s))?;
+        Ok(())
+    }
+
+    fn forget_local(&self, p: &str, subtree: bool) {
+        let mut stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner());
+        stats.remove(p);
+        if subtree {
+            let prefix = format!("{}/", p.trim_end_matches('/'));
+            stats.retain(|k, _| !k.starts_with(&prefix));
+        }
+    }
+}
+
+fn io_err(addr: &str, source: std::io::Error) -> TransportError {
+    TransportError::Io { addr: addr.to_string(), source }
+}
+
+/// Reads a payload-less answer: `Ok` or the worker's error.
+async fn read_answer(stream: &mut TcpStream, addr: &str) -> std::result::Result<(), TransportError> {
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    stream.read_exact(&mut head).await.map_err(|source| io_err(addr, source))?;
+    let head = ResponseHeader::decode(&head)
+        .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
+    match head.status {
+        Ok(_) if head.payload_len == 0 => Ok(()),
+        Ok(_) => Err(TransportError::Protocol {
+            addr: addr.to_string(),
+            reason: format!("a write answer with {} bytes of payload", head.payload_len),
+        }),
+        Err(kind) => {
+            let mut msg = vec![0u8; head.payload_len.min(MAX_ERROR_MESSAGE as u64) as usize];
+            stream.read_exact(&mut msg).await.map_err(|source| io_err(addr, source))?;
+            Err(TransportError::Remote {
+                addr: addr.to_string(),
+                kind,
+                message: String::from_utf8_lossy(&msg).into_owned(),
+            })
+        }
+    }
+}
+
+/// A file being written through a worker. Nothing is visible until [`close`](Self::close)
+/// succeeds; dropping the writer (or [`abort`](Self::abort)) leaves the old file in place.
+pub struct StrataWriter {
+    client: Client,
+    path: String,
+    addr: String,
+    stream: Option<TcpStream>,
+    gathered: Vec<u8>,
+    written: u64,
+}
+
+impl StrataWriter {
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Bytes accepted so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    fn timeout(&self) -> Duration {
+        self.client.config().request_timeout
+    }
+
+    /// Appends bytes. Small writes are gathered; large ones are sent without a copy.
+    pub async fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.written += data.len() as u64;
+        if data.len() < GATHER {
+            self.gathered.extend_from_slice(data);
+            if self.gathered.len() >= FRAME {
+                let gathered = std::mem::take(&mut self.gathered);
+                self.send(&gathered).await?;
+                self.gathered = gathered;
+                self.gathered.clear();
+            }
+            return Ok(());
+        }
+        if !self.gathered.is_empty() {
+            let gathered = std::mem::take(&mut self.gathered);
+            self.send(&gathered).await?;
+            self.gathered = gathered;
+            self.gathered.clear();
+        }
+        self.send(data).await
+    }
+
+    async fn send(&mut self, mut data: &[u8]) -> Result<()> {
+        let addr = self.addr.clone();
+        let timeout = self.timeout();
+        let stream =
+            self.stream.as_mut().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
+        while !data.is_empty() {
+            let n = data.len().min(MAX_WRITE_CHUNK);
+            let frame = async {
+                stream.write_all(&request_header(Op::WriteData, n)).await?;
+                stream.write_all(&data[..n]).await
+            };
+            match tokio::time::timeout(timeout, frame).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.stream = None;
+                    return Err(ClientError::Unavailable(format!("write to {addr} failed: {e}")));
+                }
+                Err(_) => {
+                    self.stream = None;
+                    return Err(ClientError::Unavailable(format!("write to {addr} timed out")));
+                }
+            }
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Commits the file and returns its new metadata.
+    pub async fn close(&mut self) -> Result<FileInfo> {
+        if !self.gathered.is_empty() {
+            let gathered = std::mem::take(&mut self.gathered);
+            self.send(&gathered).await?;
+        }
+        let mut stream =
+            self.stream.take().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
+        let addr = self.addr.clone();
+        let end = async {
+            stream.write_all(&request_header(Op::WriteEnd, 0)).await.map_err(|e| io_err(&addr, e))?;
+            read_answer(&mut stream, &addr).await
+        };
+        let answer = tokio::time::timeout(self.timeout(), end)
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.clone() }));
+        // Whatever the outcome, what we knew of this file may be stale now.
+        let forgot = self.client.invalidate(&self.path).await;
+        match answer {
+            Ok(()) => {}
+            Err(TransportError::Remote { kind, message, .. }) => {
+                return Err(ClientError::from_kind(kind, message));
+            }
+            Err(e) => return Err(ClientError::Unavailable(e.to_string())),
+        }
+        if let Err(e) = forgot {
+            warn!(path = %self.path, err = %e, "written, but the master's metadata cache was not invalidated");
+        }
+        self.client.stat_with(&self.path, true).await
+    }
+
+    /// Drops the write; the old file stays.
+    pub fn abort(&mut self) {
+        self.stream = None;
+        self.gathered = Vec::new();
+    }
+}
+
+impl Client {
+    /// A streaming reader of a version of a file the caller already knows (e.g. to go on
+    /// reading the same version in another process).
+    pub fn reader_of(&self, info: FileInfo) -> crate::StrataReader {
+        crate::StrataReader::new(self.clone(), info)
+    }
+}
