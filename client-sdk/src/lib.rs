@@ -56,7 +56,7 @@ pub struct ClientConfig {
     pub master_addr: String,
     /// How long a fetched membership and mount table are used before asking again.
     pub membership_refresh: Duration,
-    /// Blocks fetched ahead of a sequential streaming reader.
+    /// Most blocks a sequential streaming reader fetches ahead (the window grows to it). Default 8.
     pub readahead_blocks: usize,
     /// Blocks of one `read_range` fetched concurrently.
     pub parallelism: usize,
@@ -75,7 +75,7 @@ impl ClientConfig {
         Self {
             master_addr: master_addr.into(),
             membership_refresh: Duration::from_secs(2),
-            readahead_blocks: 4,
+            readahead_blocks: 8,
             parallelism: 16,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(60),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use strata_common::ErrorKind;
 use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, Source};
 use thiserror::Error;
@@ -119,8 +119,15 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             ),
         });
     }
-    let mut buf = BytesMut::zeroed(head.payload_len as usize);
-    stream.read_exact(&mut buf).await.map_err(io)?;
+    // Filled straight from the socket: no zeroing pass over a multi-MiB block first.
+    let want = head.payload_len as usize;
+    let mut buf = BytesMut::with_capacity(want);
+    while buf.len() < want {
+        let left = want - buf.len();
+        if stream.read_buf(&mut (&mut buf).limit(left)).await.map_err(io)? == 0 {
+            return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
     match head.status {
         Ok(source) => Ok((buf.freeze(), source)),
         Err(kind) => Err(TransportError::Remote {
