@@ -38,3 +38,8 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
+
+log "python: stratafs (pytest against target/debug/strata, on a local dir and on Garage)"
+# shellcheck source=python/test.sh
+source python/test.sh
+stratafs_tests

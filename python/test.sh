@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The stratafs pytest suite, sourced by the repository's test.sh after the Rust tests (which
+# built target/debug/strata). Installs its Python tools into a venv under target/ (nothing from
+# the machine's site-packages), builds the extension with cargo's dev profile into the
+# workspace's target dir, and runs pytest over the `strata` binary the test build produced.
+
+stratafs_tests() {
+  local root venv py
+  root="$(pwd)"
+  venv="$root/target/stratafs-venv"
+  py="$venv/bin/python"
+  local pip=("$py" -m pip)
+  if [ ! -x "$py" ] && ! python3 -m venv "$venv"; then
+    # Debian without python3-venv: a venv without pip, filled by the system's pip.
+    rm -rf "$venv"
+    python3 -m venv --without-pip "$venv" || return 1
+  fi
+  if ! "$py" -m pip --version >/dev/null 2>&1; then
+    pip=(python3 -m pip --python "$py")
+  fi
+  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pyarrow pandas
+  # The dev profile and the shared target dir reuse the dependencies the test build compiled
+  # (those whose features agree: cargo unifies features per invocation, so crates that other
+  # workspace members enable extra features of are compiled once more for this build).
+  rm -rf target/stratafs-wheel
+  "$venv/bin/maturin" build --profile dev --manifest-path python/Cargo.toml -i "$py" \
+    --out target/stratafs-wheel
+  "${pip[@]}" install -q --disable-pip-version-check --force-reinstall --no-deps target/stratafs-wheel/stratafs-*.whl
+  STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider python/tests
+}
