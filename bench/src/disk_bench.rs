@@ -16,7 +16,12 @@
 //! - random reads of 4 KiB and 64 KiB at 4 KiB-aligned offsets inside random blocks, 1 and 32
 //!   in flight, page cache dropped at the start and warm: ops/s, p50, p99. `NvmeTier` can only
 //!   serve a range by reading and verifying the whole block (`Tier::get`), which is what the
-//!   worker does; the glommio engine reads and verifies the covering 4 KiB chunks only.
+//!   worker does; the glommio engine reads and verifies the covering 4 KiB chunks only;
+//! - `NvmeTier` only: the same random reads straight from the block file (`locate` + pread, no
+//!   checksum — what the sendfile path serves), the bound of a buffered engine with range CRCs;
+//! - glommio only: a channel round trip tokio → glommio → tokio without I/O.
+//!
+//! Results and the conclusion are in docs/BENCHMARKS.md, "Disk engine (NVMe tier)".
 
 #[cfg(feature = "glommio")]
 mod glommio_engine;
