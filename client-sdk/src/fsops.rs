@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use strata_common::frame::{
     MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBegin, request_header,
 };
@@ -42,21 +42,20 @@ impl Client {
             )));
         }
         let slices = block_slices(info.size, info.block_size, offset, buf.len() as u64);
-        let mut parts = Vec::with_capacity(slices.len());
-        let mut rest = buf;
-        for s in slices {
-            let (head, tail) = rest.split_at_mut(s.len as usize);
-            parts.push((s, head));
-            rest = tail;
-        }
-        futures::stream::iter(parts.into_iter().map(|(s, dst)| async move {
-            let bytes = self.read_slice(info, s).await?;
-            dst.copy_from_slice(&bytes);
-            Ok::<_, ClientError>(())
+        // Each block is received on the runtime's worker threads (so several cores share the
+        // socket reads) and copied here, in order, into its place.
+        let mut blocks = futures::stream::iter(slices.into_iter().map(|s| {
+            let (client, info) = (self.clone(), info.clone());
+            tokio::spawn(async move { client.read_slice(&info, s).await })
         }))
-        .buffer_unordered(self.config().parallelism.max(1))
-        .try_collect::<()>()
-        .await
+        .buffered(self.config().parallelism.max(1));
+        let mut at = 0;
+        while let Some(joined) = blocks.next().await {
+            let bytes = joined.map_err(|e| ClientError::Unavailable(format!("block read task: {e}")))??;
+            buf[at..at + bytes.len()].copy_from_slice(&bytes);
+            at += bytes.len();
+        }
+        Ok(())
     }
 
     /// Starts replacing the file at `path` (on a `mode=write-through` mount) with the bytes
