@@ -39,6 +39,20 @@ pub trait UfsWriter: Send {
 struct OpendalWriter {
     path: String,
     inner: opendal::Writer,
+    op: opendal::Operator,
+    /// Where the bytes go until `close` renames them over `path`, on services that write in
+    /// place (a local directory truncates the file when the writer opens): an unfinished write
+    /// must leave the old file, as it does on object stores, which publish at close.
+    staging: Option<String>,
+}
+
+/// A hidden name next to `path` for a write in progress (`*.strata-partial`).
+fn staging_name(path: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (dir, name) = path.rsplit_once('/').map_or(("", path), |(d, n)| (d, n));
+    let unique = format!(".{name}.{}-{n}.strata-partial", std::process::id());
+    if dir.is_empty() { unique } else { format!("{dir}/{unique}") }
 }
 
 #[async_trait]
@@ -48,11 +62,26 @@ impl UfsWriter for OpendalWriter {
     }
 
     async fn close(&mut self) -> Result<()> {
-        self.inner.close().await.map(|_| ()).map_err(|e| map_err(&self.path, e))
+        let closed = self.inner.close().await.map(|_| ()).map_err(|e| map_err(&self.path, e));
+        let Some(staging) = self.staging.take() else {
+            return closed;
+        };
+        let renamed = match closed {
+            Ok(()) => self.op.rename(&staging, &self.path).await.map_err(|e| map_err(&self.path, e)),
+            Err(e) => Err(e),
+        };
+        if renamed.is_err() {
+            let _ = self.op.delete(&staging).await;
+        }
+        renamed
     }
 
     async fn abort(&mut self) -> Result<()> {
-        self.inner.abort().await.map_err(|e| map_err(&self.path, e))
+        let aborted = self.inner.abort().await.map_err(|e| map_err(&self.path, e));
+        if let Some(staging) = self.staging.take() {
+            let _ = self.op.delete(&staging).await;
+        }
+        aborted
     }
 }
 
@@ -66,8 +95,10 @@ impl UfsWrite for OpendalUfs {
         if path.is_empty() || path.ends_with('/') {
             return Err(UfsError::IsDirectory(path.to_string()));
         }
-        let inner = self.op.writer_with(path).chunk(WRITE_CHUNK).await.map_err(|e| map_err(path, e))?;
-        Ok(Box::new(OpendalWriter { path: path.to_string(), inner }))
+        let staging = self.op.info().capability().rename.then(|| staging_name(path));
+        let target = staging.as_deref().unwrap_or(path);
+        let inner = self.op.writer_with(target).chunk(WRITE_CHUNK).await.map_err(|e| map_err(path, e))?;
+        Ok(Box::new(OpendalWriter { path: path.to_string(), inner, op: self.op.clone(), staging }))
     }
 
     async fn delete(&self, path: &str, is_dir: bool, recursive: bool) -> Result<()> {
