@@ -96,7 +96,7 @@ def test_open_rb_seek_read_readinto(fs, mount):
 
 
 def test_write_modes_and_metadata_not_stale(fs, mount):
-    path = unique(mount) + ".bin"
+    path = unique(mount) + "/w.bin"
     parts = [rand(n) for n in (10, 2 * MiB + 1, 7, 5 * MiB)]
     with fs.open(path, "wb") as f:
         for p in parts:
@@ -116,8 +116,10 @@ def test_write_modes_and_metadata_not_stale(fs, mount):
     with pytest.raises(RuntimeError):
         with fs.open(path, "wb") as f:
             f.write(b"half-written")
+            f.write(rand(3 * MiB))  # streamed to the worker already, never committed
             raise RuntimeError("boom")
     assert fs.cat_file(path) == b"short"
+    assert fs.ls(path.rsplit("/", 1)[0], detail=False) == [path], "no partial file is left behind"
 
 
 def test_put_get(fs, mount, tmp_path):
