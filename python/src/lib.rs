@@ -137,7 +137,24 @@ fn bytes_filled<'py>(
     fill: impl FnOnce(&mut [u8]) -> PyResult<()> + Send,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let len = usize::try_from(len).map_err(|_| PyValueError::new_err("read too large"))?;
-    PyBytes::new_with(py, len, |buf| py.detach(|| fill(buf)))
+    let size = isize::try_from(len).map_err(|_| PyValueError::new_err("read too large"))?;
+    // Not `PyBytes::new_with`, which zero-fills first: for a 1 GiB read that fill costs as much
+    // as the copy. SAFETY: a NULL source asks CPython for an uninitialised bytes object of `len`
+    // bytes; nothing else refers to it until it is returned, and it is returned only after
+    // `fill` succeeded, which writes every byte (callers that may fill less return a copy of the
+    // filled part instead).
+    let obj = unsafe {
+        Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))?
+    };
+    // SAFETY: `obj` is a bytes object (just created); its storage holds `len` bytes.
+    let ptr = unsafe { pyo3::ffi::PyBytes_AsString(obj.as_ptr()) } as usize;
+    py.detach(|| {
+        // SAFETY: see above; `obj` outlives this closure.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+        fill(buf)
+    })?;
+    // SAFETY: created by PyBytes_FromStringAndSize.
+    Ok(unsafe { obj.cast_into_unchecked::<PyBytes>() })
 }
 
 /// A writable, contiguous view of a Python buffer, usable without the GIL while `buf` lives.
