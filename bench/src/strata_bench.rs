@@ -25,6 +25,7 @@ use clap::Parser;
 use futures::StreamExt;
 use rand::Rng;
 use serde_json::{Value, json};
+use strata_bench::{direct_read, put_pattern_object};
 use strata_client::{Client, FileInfo};
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -96,14 +97,14 @@ async fn main() {
 
     eprintln!("writing the {} MiB file to the UFS ({})", args.size_mib, ufs.name());
     let op = ufs.operator();
-    put_big(&op, "big.bin", size).await;
+    put_pattern_object(&op, "big.bin", size, 7).await;
     let local = scratch.path().join("big.local");
     write_local(&local, size);
 
     eprintln!("ceiling: page-cache read of a local file");
     let page_cache = page_cache_ceiling(&local, size);
     eprintln!("ceiling: direct opendal read of the object");
-    let direct = direct_read(&op, "big.bin", size).await;
+    let direct = direct_read(&op, "big.bin", size, 4 * MIB, 4).await;
 
     let opts = ClusterOptions {
         workers: args.workers,
@@ -307,35 +308,6 @@ fn page_cache_ceiling(path: &Path, size: u64) -> Duration {
     };
     read();
     read().min(read())
-}
-
-async fn put_big(op: &opendal::Operator, path: &str, size: u64) {
-    let mut writer = op.writer_with(path).chunk(16 << 20).concurrent(4).await.expect("writer");
-    let mut off = 0;
-    while off < size {
-        let mut buf = vec![0u8; (16 * MIB).min(size - off) as usize];
-        fill_pattern(7, off, &mut buf);
-        off += buf.len() as u64;
-        writer.write(buf).await.expect("write");
-    }
-    writer.close().await.expect("close");
-}
-
-/// 4 MiB ranges, 4 in flight: what a tuned direct client of the store does.
-async fn direct_read(op: &opendal::Operator, path: &str, size: u64) -> Duration {
-    let started = Instant::now();
-    let n: u64 = futures::stream::iter((0..size).step_by(4 << 20).map(|start| {
-        let op = op.clone();
-        async move {
-            let end = (start + (4 << 20)).min(size);
-            op.read_with(path).range(start..end).await.expect("range read").len() as u64
-        }
-    }))
-    .buffered(4)
-    .fold(0u64, |acc, n| async move { acc + n })
-    .await;
-    assert_eq!(n, size);
-    started.elapsed()
 }
 
 async fn seq_read(client: &Client, path: &str, size: u64) -> Duration {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rand::Rng;
+use strata_bench::{direct_read, put_pattern_object};
 use strata_client::{Client, JobState, LoadOptions};
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
 
@@ -49,18 +50,6 @@ async fn put_many(op: &opendal::Operator, prefix: &str, n: u64, len: u64) {
         .await;
 }
 
-async fn put_big(op: &opendal::Operator, path: &str, size: u64) {
-    let mut writer = op.writer_with(path).chunk(16 << 20).concurrent(4).await.expect("writer");
-    let mut off = 0;
-    while off < size {
-        let mut buf = vec![0u8; (16 * MIB).min(size - off) as usize];
-        fill_pattern(7, off, &mut buf);
-        off += buf.len() as u64;
-        writer.write(buf).await.expect("write");
-    }
-    writer.close().await.expect("close");
-}
-
 async fn warm(client: &Client, path: &str, opts: LoadOptions) -> Duration {
     let started = Instant::now();
     let job = client.submit_load(path, opts).await.expect("submit");
@@ -78,7 +67,7 @@ async fn throughput(ufs: TestUfs, files: u64, big_mib: u64) {
     let op = ufs.operator();
     let small = 16 * KIB;
     put_many(&op, "small", files, small).await;
-    put_big(&op, "big.bin", big_mib * MIB).await;
+    put_pattern_object(&op, "big.bin", big_mib * MIB, 7).await;
 
     // Direct reads from the UFS.
     let started = Instant::now();
@@ -92,21 +81,8 @@ async fn throughput(ufs: TestUfs, files: u64, big_mib: u64) {
         .await;
     let direct_small = started.elapsed();
     assert_eq!(lister.len() as u64, files);
-    let started = Instant::now();
     let size = big_mib * MIB;
-    let read =
-        futures::stream::iter((0..size).step_by((4 * MIB) as usize))
-            .map(|off| {
-                let op = op.clone();
-                async move {
-                    op.read_with("big.bin").range(off..(off + 4 * MIB).min(size)).await.expect("read").len()
-                }
-            })
-            .buffer_unordered(16)
-            .fold(0usize, |a, n| async move { a + n })
-            .await;
-    let direct_big = started.elapsed();
-    assert_eq!(read as u64, size);
+    let direct_big = direct_read(&op, "big.bin", size, 4 * MIB, 16).await;
 
     let opts = ClusterOptions {
         workers: 3,
