@@ -26,42 +26,52 @@ use crate::metrics_defs as m;
 /// copying the block.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
-pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: CancellationToken) {
-    let tracker = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            _ = cancel.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                if let Err(e) = stream.set_nodelay(true) {
-                    debug!(%peer, err = %e, "cannot set TCP_NODELAY");
-                }
-                spawn_connection(&tracker, stream, peer.to_string(), store.clone(), cancel.clone());
-            }
-            Err(e) => {
-                warn!(err = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
+/// A listener the data plane accepts connections on.
+trait Listener: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and a name of its peer for logs.
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Stream = tokio::net::TcpStream;
+
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (stream, peer) = self.accept().await?;
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(%peer, err = %e, "cannot set TCP_NODELAY");
         }
+        Ok((stream, peer.to_string()))
     }
-    tracker.close();
-    tracker.wait().await;
+}
+
+impl Listener for UnixListener {
+    type Stream = tokio::net::UnixStream;
+
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (stream, _) = self.accept().await?;
+        Ok((stream, "unix".to_string()))
+    }
+}
+
+pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: CancellationToken) {
+    serve_on(listener, store, cancel).await
 }
 
 /// Serves the data plane on a Unix socket: the sidecar's route for the processes of its pod.
 pub async fn serve_unix(listener: UnixListener, store: Arc<BlockStore>, cancel: CancellationToken) {
+    serve_on(listener, store, cancel).await
+}
+
+async fn serve_on<L: Listener>(listener: L, store: Arc<BlockStore>, cancel: CancellationToken) {
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => break,
-            a = listener.accept() => a,
+            a = listener.accept_one() => a,
         };
         match accepted {
-            Ok((stream, _)) => {
-                spawn_connection(&tracker, stream, "unix".to_string(), store.clone(), cancel.clone());
-            }
+            Ok((stream, peer)) => spawn_connection(&tracker, stream, peer, store.clone(), cancel.clone()),
             Err(e) => {
                 warn!(err = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
