@@ -2,8 +2,8 @@
 //!
 //! ```sh
 //! source scripts/garage.sh && garage_start            # for s3; or export STRATA_TEST_S3_*
-//! cargo run --release -p strata-bench -- throughput s3 10000 1024
-//! cargo run --release -p strata-bench -- qos fs
+//! cargo run --release -p strata-bench --bin warmup_bench -- throughput s3 10000 1024
+//! cargo run --release -p strata-bench --bin warmup_bench -- qos fs
 //! ```
 //!
 //! `throughput UFS FILES MIB`: writes FILES small files (16 KiB) and one MIB-MiB file, reads
