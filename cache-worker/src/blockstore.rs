@@ -244,13 +244,13 @@ impl BlockStore {
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: block_len })
     }
 
-    /// Checks a request against the mount table and names its block: (key, mount, path
-    /// relative to the mount, length of the whole block).
-    async fn locate(
+    /// A Strata path normalized and resolved to its mount (asking the master for the mount
+    /// table once when no known mount holds it) and the path under the mount.
+    pub(crate) async fn resolve_path(
         &self,
-        req: &ReadBlockRequest,
-    ) -> Result<(BlockKey, Arc<WorkerMount>, String, u64), ServeError> {
-        let p = path::normalize(&req.path).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
+        raw: &str,
+    ) -> Result<(String, Arc<WorkerMount>, String), ServeError> {
+        let p = path::normalize(raw).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
         let (mount, rel) = match self.resolve(&p) {
             Some(found) => found,
             None => {
@@ -258,6 +258,16 @@ impl BlockStore {
                 self.resolve(&p).ok_or_else(|| ServeError::NoMount(p.clone()))?
             }
         };
+        Ok((p, mount, rel))
+    }
+
+    /// Checks a request against the mount table and names its block: (key, mount, path
+    /// relative to the mount, length of the whole block).
+    async fn locate(
+        &self,
+        req: &ReadBlockRequest,
+    ) -> Result<(BlockKey, Arc<WorkerMount>, String, u64), ServeError> {
+        let (p, mount, rel) = self.resolve_path(&req.path).await?;
         if rel.is_empty() {
             return Err(ServeError::InvalidArgument(format!("{p} is a mount point, not a file")));
         }

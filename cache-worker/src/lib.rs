@@ -73,6 +73,29 @@ impl WorkerHandle {
     }
 }
 
+/// The tiers and block store a worker (or a sidecar) serves from.
+pub(crate) async fn open_store(
+    config: &WorkerConfig,
+    factory: Arc<dyn UfsFactory>,
+) -> Result<Arc<BlockStore>, WorkerError> {
+    let nvme_dir = config.nvme_dir();
+    // Opening reads one header per block: keep that off the async threads.
+    let nvme_err = |source| WorkerError::Nvme { dir: nvme_dir.display().to_string(), source };
+    let (dir, capacity) = (nvme_dir.clone(), config.nvme_capacity);
+    let opened = tokio::task::spawn_blocking(move || NvmeTier::open(dir, capacity))
+        .await
+        .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
+    let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
+    let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
+    Ok(Arc::new(BlockStore::new(
+        memory,
+        nvme,
+        factory,
+        Duration::from_millis(config.ufs_timeout_ms),
+        config.nvme_write_budget,
+    )))
+}
+
 fn load_or_create_id(dir: &Path) -> Result<String, WorkerError> {
     let path = dir.join("worker-id");
     let io = |source| WorkerError::Identity { path: path.display().to_string(), source };
@@ -100,21 +123,7 @@ impl Worker {
             None => load_or_create_id(&config.data_dir)?,
         };
         let nvme_dir = config.nvme_dir();
-        // Opening reads one header per block: keep that off the async threads.
-        let nvme_err = |source| WorkerError::Nvme { dir: nvme_dir.display().to_string(), source };
-        let (dir, capacity) = (nvme_dir.clone(), config.nvme_capacity);
-        let opened = tokio::task::spawn_blocking(move || NvmeTier::open(dir, capacity))
-            .await
-            .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
-        let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
-        let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
-        let store = Arc::new(BlockStore::new(
-            memory,
-            nvme,
-            factory,
-            Duration::from_millis(config.ufs_timeout_ms),
-            config.nvme_write_budget,
-        ));
+        let store = open_store(&config, factory).await?;
 
         let listener = TcpListener::bind(config.data_addr)
             .await

@@ -23,7 +23,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::blockstore::{BlockStore, Upstream, UpstreamError, UpstreamRead};
-use crate::tier::{MemoryTier, NvmeTier, Tier, TierError};
 use crate::{WorkerConfig, WorkerError, dataplane, master_link};
 
 /// How often a sidecar asks the master for the mount table (workers learn changes from their
@@ -91,21 +90,7 @@ pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result
     let worker_id =
         config.worker_id.clone().unwrap_or_else(|| format!("sidecar-{}", uuid::Uuid::new_v4().simple()));
 
-    let nvme_dir = config.nvme_dir();
-    let nvme_err = |source| WorkerError::Nvme { dir: nvme_dir.display().to_string(), source };
-    let (dir, capacity) = (nvme_dir.clone(), config.nvme_capacity);
-    let opened = tokio::task::spawn_blocking(move || NvmeTier::open(dir, capacity))
-        .await
-        .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
-    let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
-    let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
-    let store = Arc::new(BlockStore::new(
-        memory,
-        nvme,
-        factory,
-        Duration::from_millis(config.ufs_timeout_ms),
-        config.nvme_write_budget,
-    ));
+    let store = crate::open_store(&config, factory).await?;
 
     // The sidecar is a client of the cluster; it must never route through a sidecar socket
     // itself (the pod's environment may name its own socket).
@@ -173,6 +158,8 @@ mod tests {
     use strata_proto::{MountInfo, MountList};
     use strata_ufs::OpendalFactory;
     use strata_ufs::testing::CountingFactory;
+
+    use crate::tier::MemoryTier;
 
     use super::*;
 

@@ -10,8 +10,8 @@ use std::io;
 use std::time::Instant;
 
 use bytes::BytesMut;
+use strata_common::ErrorKind;
 use strata_common::frame::{self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ResponseHeader, Source, WriteBegin};
-use strata_common::{ErrorKind, path};
 use strata_ufs::{UfsError, UfsWriter};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
@@ -21,14 +21,7 @@ use crate::blockstore::{BlockStore, ServeError};
 impl BlockStore {
     /// A UFS writer for a Strata path, if its mount may be written.
     pub async fn open_writer(&self, raw: &str) -> Result<Box<dyn UfsWriter>, ServeError> {
-        let p = path::normalize(raw).map_err(|e| ServeError::InvalidArgument(e.to_string()))?;
-        let (mount, rel) = match self.resolve(&p) {
-            Some(found) => found,
-            None => {
-                self.refresh_mounts().await;
-                self.resolve(&p).ok_or_else(|| ServeError::NoMount(p.clone()))?
-            }
-        };
+        let (p, mount, rel) = self.resolve_path(raw).await?;
         if rel.is_empty() {
             return Err(ServeError::Ufs(UfsError::IsDirectory(format!("{p} is a mount point"))));
         }
