@@ -5,7 +5,8 @@
 - /data  a local directory, mode=write-through
 - /ro    a local directory, read-only (the default mode)
 - /s3    a fresh prefix of the Garage bucket from $STRATA_TEST_S3_* (scripts/garage.sh),
-         mode=write-through; tests on it are skipped when Garage is not configured.
+         mode=write-through; without $STRATA_TEST_S3_* its tests fail with a pointer to
+         ./test.sh (which starts Garage), as the Rust S3 tests do.
 """
 
 from __future__ import annotations
@@ -138,5 +139,8 @@ def fs(cluster):
 def mount(request, cluster):
     """A writable mount: the local directory, then Garage."""
     if request.param == "s3" and cluster.s3 is None:
-        pytest.skip("Garage not configured (STRATA_TEST_S3_ENDPOINT)")
+        pytest.fail(
+            "STRATA_TEST_S3_ENDPOINT is not set: the S3 half of these tests needs a real S3 server. "
+            "./test.sh starts Garage and sets STRATA_TEST_S3_*; set them yourself for another endpoint"
+        )
     return "/" + request.param
