@@ -96,6 +96,20 @@ pub(crate) async fn open_store(
     )))
 }
 
+/// `/metrics` and `/health` (healthy while the block store is alive) on `addr`.
+pub(crate) async fn serve_ops(
+    addr: SocketAddr,
+    store: &Arc<BlockStore>,
+) -> Result<(SocketAddr, JoinHandle<()>), WorkerError> {
+    let health_store = Arc::downgrade(store);
+    strata_proto::ops_http::serve(
+        addr,
+        Arc::new(move || if health_store.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
+    )
+    .await
+    .map_err(|source| WorkerError::Bind { addr, source })
+}
+
 fn load_or_create_id(dir: &Path) -> Result<String, WorkerError> {
     let path = dir.join("worker-id");
     let io = |source| WorkerError::Identity { path: path.display().to_string(), source };
@@ -138,13 +152,7 @@ impl Worker {
         let cancel = CancellationToken::new();
         let dp = tokio::spawn(dataplane::serve(listener, store.clone(), cancel.clone()));
 
-        let health_store = Arc::downgrade(&store);
-        let (http_addr, http_task) = strata_proto::ops_http::serve(
-            config.http_addr,
-            Arc::new(move || if health_store.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
-        )
-        .await
-        .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
+        let (http_addr, http_task) = serve_ops(config.http_addr, &store).await?;
 
         let client = master_link::connect(&config.master_addr).await.map_err(|e| {
             WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() }

@@ -127,13 +127,7 @@ pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result
 
     let cancel = CancellationToken::new();
     let dp = tokio::spawn(dataplane::serve_unix(listener, store.clone(), cancel.clone()));
-    let health_store = Arc::downgrade(&store);
-    let (http_addr, http_task) = strata_proto::ops_http::serve(
-        config.http_addr,
-        Arc::new(move || if health_store.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
-    )
-    .await
-    .map_err(|source| WorkerError::Bind { addr: config.http_addr, source })?;
+    let (http_addr, http_task) = crate::serve_ops(config.http_addr, &store).await?;
     let refresher = {
         let (store, cancel) = (store.clone(), cancel.clone());
         tokio::spawn(async move {

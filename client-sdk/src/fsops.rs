@@ -95,14 +95,7 @@ impl Client {
     }
 
     async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<TcpStream, TransportError> {
-        let timeout = self.config().connect_timeout;
-        let mut stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
-            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
-        stream
-            .set_nodelay(true)
-            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+        let mut stream = crate::transport::connect_tcp(addr, self.config().connect_timeout).await?;
         let begin = WriteBegin { req_id: 1, path: p.to_string() }.encode();
         let exchange = async {
             stream.write_all(&begin).await.map_err(|source| io_err(addr, source))?;

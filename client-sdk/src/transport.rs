@@ -74,15 +74,7 @@ impl TcpTransport {
         {
             return Ok(stream);
         }
-        let connect = TcpStream::connect(addr);
-        let stream = tokio::time::timeout(self.connect_timeout, connect)
-            .await
-            .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
-            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
-        stream
-            .set_nodelay(true)
-            .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
-        Ok(stream)
+        connect_tcp(addr, self.connect_timeout).await
     }
 
     fn checkin(&self, addr: &str, stream: TcpStream) {
@@ -92,6 +84,16 @@ impl TcpTransport {
             pool.push(stream);
         }
     }
+}
+
+/// A new data-plane connection to a worker, with Nagle off (requests are small and answered at once).
+pub(crate) async fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream, TransportError> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
+        .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+    stream.set_nodelay(true).map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+    Ok(stream)
 }
 
 /// One request and its response on a connection that is in sync (no bytes pending).
