@@ -5,6 +5,7 @@
 pub mod blockstore;
 pub mod config;
 pub mod dataplane;
+pub mod lease;
 pub mod loader;
 mod master_link;
 pub mod metrics_defs;

@@ -10,6 +10,10 @@
 //!            path_len:u16 path version_len:u16 version
 //! response = "STR1" status:u8 source:u8 0:u16 req_id:u64 payload_len:u64 | payload
 //! ```
+//! `OpenBlock` takes a read's body and answers a 40-byte [`BlockGrant`] instead of the bytes
+//! (with a file descriptor attached on a Unix socket); `Release` (body `lease_id:u64`, no
+//! response) ends a grant's lease early; `RemoteRead` (body `req_id:u64 addr:u64 rkey:u32
+//! len:u64`) reads granted registered memory — RDMA's one-sided READ, emulated over TCP.
 //! `status` 0 is success and the payload is data; otherwise it is an [`ErrorKind`] code and
 //! the payload a UTF-8 message.
 //!
@@ -51,6 +55,15 @@ pub enum Op {
     WriteData = 3,
     /// Commit the file being written.
     WriteEnd = 4,
+    /// Ask for a block range as a [`BlockGrant`] instead of bytes: a file descriptor passed
+    /// with the response (Unix socket, short-circuit) or a registered memory region (RDMA).
+    /// The body is a [`ReadBlockRequest`]'s.
+    OpenBlock = 5,
+    /// Give back a grant's lease early ([`LeaseRelease`]); no response.
+    Release = 6,
+    /// Read bytes of registered memory named by a grant ([`RemoteRead`]): what an RDMA READ
+    /// does one-sided, emulated over TCP to test the RDMA protocol where no NIC exists.
+    RemoteRead = 7,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -107,11 +120,14 @@ pub enum FrameError {
 
 impl ReadBlockRequest {
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(Op::ReadBlock)
+    }
+
+    /// The same request under another op that takes a read's body ([`Op::OpenBlock`]).
+    pub fn encode_as(&self, op: Op) -> Vec<u8> {
         let body_len = 48 + 2 + self.path.len() + 2 + self.version.len();
         let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len);
-        out.extend_from_slice(&REQUEST_MAGIC);
-        out.extend_from_slice(&[Op::ReadBlock as u8, 0, 0, 0]);
-        out.extend_from_slice(&(body_len as u32).to_le_bytes());
+        out.extend_from_slice(&request_header(op, body_len));
         for v in [self.req_id, self.file_size, self.block_size, self.block_index, self.offset, self.len] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -150,18 +166,135 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         2 => Op::WriteBegin,
         3 => Op::WriteData,
         4 => Op::WriteEnd,
+        5 => Op::OpenBlock,
+        6 => Op::Release,
+        7 => Op::RemoteRead,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
     let limit = match op {
         Op::WriteData => MAX_WRITE_CHUNK,
         Op::WriteEnd => 0,
-        _ => MAX_REQUEST_BODY,
+        Op::Release => LeaseRelease::BODY_LEN,
+        Op::RemoteRead => RemoteRead::BODY_LEN,
+        Op::ReadBlock | Op::OpenBlock | Op::WriteBegin => MAX_REQUEST_BODY,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
     }
     Ok((op, body_len))
+}
+
+/// How a granted block range is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantHandle {
+    /// The file descriptor sent with the response (SCM_RIGHTS) holds the range at `offset`:
+    /// an NVMe block file or a shared-memory (memfd) copy of a DRAM block.
+    Fd { offset: u64 },
+    /// Registered worker memory: an RDMA READ of `len` bytes at `addr` with `rkey`.
+    Rdma { addr: u64, rkey: u32 },
+}
+
+/// The answer to [`Op::OpenBlock`]: where the requested range is and the lease that keeps it
+/// there. Until the lease ends (released, or `ttl_ms` after the grant) the worker neither
+/// reuses nor frees what the handle names, so eviction cannot pull the bytes from under a reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockGrant {
+    pub lease_id: u64,
+    pub ttl_ms: u64,
+    /// Bytes of the range (the request's `len`).
+    pub len: u64,
+    pub handle: GrantHandle,
+}
+
+impl BlockGrant {
+    pub const ENCODED_LEN: usize = 40;
+
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        let (kind, a, b) = match self.handle {
+            GrantHandle::Fd { offset } => (1u8, offset, 0u32),
+            GrantHandle::Rdma { addr, rkey } => (2u8, addr, rkey),
+        };
+        out[0] = kind;
+        out[4..8].copy_from_slice(&b.to_le_bytes());
+        out[8..16].copy_from_slice(&self.lease_id.to_le_bytes());
+        out[16..24].copy_from_slice(&self.ttl_ms.to_le_bytes());
+        out[24..32].copy_from_slice(&self.len.to_le_bytes());
+        out[32..40].copy_from_slice(&a.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self, FrameError> {
+        if buf.len() != Self::ENCODED_LEN || buf[1..4] != [0, 0, 0] {
+            return Err(FrameError::Malformed);
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
+        let b = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+        let handle = match buf[0] {
+            1 if b == 0 => GrantHandle::Fd { offset: u64_at(32) },
+            2 => GrantHandle::Rdma { addr: u64_at(32), rkey: b },
+            _ => return Err(FrameError::Malformed),
+        };
+        Ok(Self { lease_id: u64_at(8), ttl_ms: u64_at(16), len: u64_at(24), handle })
+    }
+}
+
+/// Body of [`Op::Release`]: the lease given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRelease {
+    pub lease_id: u64,
+}
+
+impl LeaseRelease {
+    pub const BODY_LEN: usize = 8;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = request_header(Op::Release, Self::BODY_LEN).to_vec();
+        out.extend_from_slice(&self.lease_id.to_le_bytes());
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        let lease_id = u64::from_le_bytes(body.try_into().map_err(|_| FrameError::Malformed)?);
+        Ok(Self { lease_id })
+    }
+}
+
+/// Body of [`Op::RemoteRead`]: `len` bytes at `addr` of the region `rkey` names. The response
+/// is a data response of exactly `len` bytes, or an error frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRead {
+    pub req_id: u64,
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u64,
+}
+
+impl RemoteRead {
+    pub const BODY_LEN: usize = 28;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = request_header(Op::RemoteRead, Self::BODY_LEN).to_vec();
+        out.extend_from_slice(&self.req_id.to_le_bytes());
+        out.extend_from_slice(&self.addr.to_le_bytes());
+        out.extend_from_slice(&self.rkey.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        if body.len() != Self::BODY_LEN {
+            return Err(FrameError::Malformed);
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Self {
+            req_id: u64_at(0),
+            addr: u64_at(8),
+            rkey: u32::from_le_bytes(body[16..20].try_into().expect("4 bytes")),
+            len: u64_at(20),
+        })
+    }
 }
 
 /// The first frame of a write: which file to replace.
@@ -331,6 +464,38 @@ mod tests {
             decode_request_header(&request_header(Op::WriteEnd, 1)),
             Err(FrameError::BodyTooLarge(1))
         ));
+    }
+
+    #[test]
+    fn grant_and_lease_frames_round_trip() {
+        for handle in
+            [GrantHandle::Fd { offset: 4096 + 77 }, GrantHandle::Rdma { addr: 0x7f00_0000_1000, rkey: 42 }]
+        {
+            let g = BlockGrant { lease_id: 9, ttl_ms: 30_000, len: 1 << 22, handle };
+            assert_eq!(BlockGrant::decode(&g.encode()).unwrap(), g);
+        }
+        let mut bad =
+            BlockGrant { lease_id: 1, ttl_ms: 1, len: 1, handle: GrantHandle::Fd { offset: 0 } }.encode();
+        bad[0] = 9;
+        assert_eq!(BlockGrant::decode(&bad), Err(FrameError::Malformed));
+        assert_eq!(BlockGrant::decode(&bad[..10]), Err(FrameError::Malformed));
+
+        let rel = LeaseRelease { lease_id: 77 }.encode();
+        let header: [u8; REQUEST_HEADER_LEN] = rel[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::Release, LeaseRelease::BODY_LEN));
+        assert_eq!(LeaseRelease::decode_body(&rel[REQUEST_HEADER_LEN..]).unwrap().lease_id, 77);
+
+        let rr = RemoteRead { req_id: 3, addr: 1 << 40, rkey: 7, len: 4096 };
+        let enc = rr.encode();
+        let header: [u8; REQUEST_HEADER_LEN] = enc[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::RemoteRead, RemoteRead::BODY_LEN));
+        assert_eq!(RemoteRead::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(), rr);
+        assert!(decode_request_header(&request_header(Op::Release, 9)).is_err());
+
+        let open = sample().encode_as(Op::OpenBlock);
+        let header: [u8; REQUEST_HEADER_LEN] = open[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap().0, Op::OpenBlock);
+        assert_eq!(ReadBlockRequest::decode_body(&open[REQUEST_HEADER_LEN..]).unwrap(), sample());
     }
 
     proptest! {
