@@ -28,7 +28,7 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 
 /// A listener the data plane accepts connections on.
 trait Listener: Send + 'static {
-    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Stream: GrantStream;
     /// The next connection and a name of its peer for logs.
     fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
 }
@@ -52,6 +52,27 @@ impl Listener for UnixListener {
         let (stream, _) = self.accept().await?;
         Ok((stream, "unix".to_string()))
     }
+}
+
+/// The requests whose answer depends on the kind of socket: a grant (`OpenBlock`) is a passed
+/// file descriptor on a Unix socket (`crate::shortcircuit`) and a registered memory region on
+/// TCP (`crate::rdma`). Each method reads the request body (`body_len` bytes) itself.
+pub(crate) trait GrantStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    fn open_block(
+        &mut self,
+        store: &Arc<BlockStore>,
+        body_len: usize,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
+    fn release(
+        &mut self,
+        store: &Arc<BlockStore>,
+        body_len: usize,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
+    fn remote_read(
+        &mut self,
+        store: &Arc<BlockStore>,
+        body_len: usize,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
 }
 
 pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: CancellationToken) {
@@ -82,15 +103,13 @@ async fn serve_on<L: Listener>(listener: L, store: Arc<BlockStore>, cancel: Canc
     tracker.wait().await;
 }
 
-fn spawn_connection<S>(
+fn spawn_connection<S: GrantStream>(
     tracker: &TaskTracker,
     stream: S,
     peer: String,
     store: Arc<BlockStore>,
     cancel: CancellationToken,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+) {
     tracker.spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
@@ -103,10 +122,7 @@ fn spawn_connection<S>(
     });
 }
 
-async fn connection<S>(mut stream: S, store: Arc<BlockStore>) -> std::io::Result<()>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+async fn connection<S: GrantStream>(mut stream: S, store: Arc<BlockStore>) -> std::io::Result<()> {
     let mut header = [0u8; REQUEST_HEADER_LEN];
     let mut body = Vec::new();
     loop {
@@ -119,6 +135,18 @@ where
             Ok((frame::Op::ReadBlock, len)) => len,
             Ok((frame::Op::WriteBegin, len)) => {
                 crate::writes::serve_write(&mut stream, &store, len).await?;
+                continue;
+            }
+            Ok((frame::Op::OpenBlock, len)) => {
+                stream.open_block(&store, len).await?;
+                continue;
+            }
+            Ok((frame::Op::Release, len)) => {
+                stream.release(&store, len).await?;
+                continue;
+            }
+            Ok((frame::Op::RemoteRead, len)) => {
+                stream.remote_read(&store, len).await?;
                 continue;
             }
             Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
@@ -167,7 +195,10 @@ where
 /// Answers a malformed frame and closes the connection. The peer may have sent more bytes we
 /// will never read; closing with them unread makes the kernel send a reset that can destroy our
 /// error frame in flight, so we half-close first and drain briefly.
-async fn reject<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, message: &str) -> std::io::Result<()> {
+pub(crate) async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    message: &str,
+) -> std::io::Result<()> {
     send_error(stream, 0, ErrorKind::BadFrame, message).await?;
     stream.shutdown().await?;
     let mut sink = [0u8; 4096];
@@ -184,7 +215,7 @@ async fn reject<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, message: &str
     Ok(())
 }
 
-async fn send_error<S: AsyncWrite + Unpin>(
+pub(crate) async fn send_error<S: AsyncWrite + Unpin>(
     stream: &mut S,
     req_id: u64,
     kind: ErrorKind,

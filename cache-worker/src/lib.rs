@@ -9,6 +9,8 @@ pub mod lease;
 pub mod loader;
 mod master_link;
 pub mod metrics_defs;
+mod rdma;
+mod shortcircuit;
 pub mod sidecar;
 pub mod tier;
 mod writes;
