@@ -8,7 +8,7 @@
 //! file is in place; tier failures degrade to misses, never to failed reads.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -127,6 +127,32 @@ pub struct BlockStore {
     master: Mutex<Option<(MasterClient<Channel>, String)>>,
     /// Set on a sidecar: misses ask it before the UFS.
     upstream: OnceLock<Arc<dyn Upstream>>,
+    /// Whether verified NVMe blocks may be served as file regions ([`Payload::File`]).
+    zero_copy: AtomicBool,
+}
+
+/// The bytes of a block range as the data plane gets them to send.
+#[derive(Debug)]
+pub enum Payload {
+    /// In memory (a DRAM block, or one just fetched).
+    Bytes(Bytes),
+    /// `len` bytes at `offset` of an open NVMe block file whose checksum was verified: sent
+    /// with `sendfile`, or the descriptor passed to a co-located client, never copied through
+    /// user space.
+    File { file: std::fs::File, offset: u64, len: u64 },
+}
+
+impl Payload {
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::File { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// NVMe write budget is counted in KiB so a u32 of permits covers terabytes.
@@ -154,7 +180,13 @@ impl BlockStore {
             qos: Qos::default(),
             master: Mutex::new(None),
             upstream: OnceLock::new(),
+            zero_copy: AtomicBool::new(true),
         }
+    }
+
+    /// Turns serving NVMe blocks as file regions (sendfile, passed descriptors) on or off.
+    pub fn set_zero_copy(&self, on: bool) {
+        self.zero_copy.store(on, Ordering::Relaxed);
     }
 
     /// Replaces the mount table with the master's (including UFS options).
@@ -213,21 +245,65 @@ impl BlockStore {
 
     /// Serves one block range. `Ok((bytes, source))` holds exactly `req.len` bytes.
     pub async fn read(&self, req: &ReadBlockRequest) -> Result<(Bytes, Source), ServeError> {
-        // Load tasks watch this to stay out of the way of client reads.
         let _foreground = self.qos.foreground();
-        let (key, mount, rel, block_len) = self.locate(req).await?;
+        let (key, mount, rel, block_len) = self.locate_range(req).await?;
+        self.read_bytes(req, &key, &mount, &rel, block_len).await
+    }
+
+    /// Serves one block range like [`read`](Self::read), but a block that is only on NVMe
+    /// (and verified) comes back as a file region instead of being read into memory. It is
+    /// not promoted to DRAM then: the page cache holds it as well as DRAM would.
+    pub async fn read_payload(&self, req: &ReadBlockRequest) -> Result<(Payload, Source), ServeError> {
+        let _foreground = self.qos.foreground();
+        let (key, mount, rel, block_len) = self.locate_range(req).await?;
+        if self.zero_copy.load(Ordering::Relaxed) && !self.memory.contains(&key) {
+            if let Some((file, data_offset, len)) = self.nvme.open_verified(&key)
+                && len == block_len
+            {
+                self.hit(TierKind::Nvme);
+                self.served(req.len);
+                let region = Payload::File { file, offset: data_offset + req.offset, len: req.len };
+                return Ok((region, Source::Nvme));
+            }
+        }
+        let (bytes, source) = self.read_bytes(req, &key, &mount, &rel, block_len).await?;
+        Ok((Payload::Bytes(bytes), source))
+    }
+
+    /// [`locate`](Self::locate), and the requested range checked against the block.
+    async fn locate_range(
+        &self,
+        req: &ReadBlockRequest,
+    ) -> Result<(BlockKey, Arc<WorkerMount>, String, u64), ServeError> {
+        let located = self.locate(req).await?;
+        let block_len = located.3;
         if req.len == 0 || req.offset.checked_add(req.len).is_none_or(|end| end > block_len) {
             return Err(ServeError::InvalidArgument(format!(
                 "range {}+{} outside block {} of {} bytes",
                 req.offset, req.len, req.block_index, block_len
             )));
         }
+        Ok(located)
+    }
+
+    fn served(&self, bytes: u64) {
+        self.counters.bytes_served.fetch_add(bytes, Ordering::Relaxed);
+        metrics::counter!(m::BYTES_SERVED).increment(bytes);
+    }
+
+    async fn read_bytes(
+        &self,
+        req: &ReadBlockRequest,
+        key: &BlockKey,
+        mount: &WorkerMount,
+        rel: &str,
+        block_len: u64,
+    ) -> Result<(Bytes, Source), ServeError> {
         let (bytes, source) =
-            self.block(req, &key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
+            self.block(req, key, mount, rel, req.block_index * req.block_size, block_len).await?;
         let start = req.offset as usize;
         let out = bytes.slice(start..start + req.len as usize);
-        self.counters.bytes_served.fetch_add(out.len() as u64, Ordering::Relaxed);
-        metrics::counter!(m::BYTES_SERVED).increment(out.len() as u64);
+        self.served(out.len() as u64);
         Ok((out, source))
     }
 

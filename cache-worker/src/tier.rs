@@ -84,6 +84,12 @@ pub trait Tier: Send + Sync + 'static {
     fn keys(&self) -> Vec<(BlockKey, u64)>;
     /// Events since the previous call, oldest first.
     fn drain_events(&self) -> Vec<TierEvent>;
+    /// A block's file opened for zero-copy serving, with the offset and length of its data, when
+    /// the tier keeps blocks in files and this one's checksum is known good; `None` sends the
+    /// caller to [`get`](Self::get).
+    fn open_verified(&self, _key: &BlockKey) -> Option<(std::fs::File, u64, u64)> {
+        None
+    }
     /// Corrupt blocks detected (and dropped) since start.
     fn corrupt_blocks(&self) -> u64 {
         0
