@@ -19,6 +19,9 @@ cargo fmt --all -- --check
 log "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+log "RDMA transport (feature rdma): apt packages if missing, clippy -D warnings (compile only: no device)"
+scripts/rdma-check.sh
+
 log "Kubernetes manifests (k8s/): hadolint, helm lint/template, kustomize, kubernetes-validate --strict"
 scripts/k8s-check.sh
 

@@ -11,7 +11,12 @@
 //!   4 MiB ranges 4 in flight) and warm (vs a loopback TCP stream between two tasks);
 //! - random reads of 4 KiB, 64 KiB and 1 MiB at concurrency 1, 8, 64 on the warm file (vs
 //!   `pread` of the same sizes at the same concurrency from a page-cached local file);
-//! - many small files, cold and warm (vs direct opendal reads of the same files).
+//! - many small files, cold and warm (vs direct opendal reads of the same files);
+//! - short-circuit reads from a co-located sidecar (an in-process sidecar worker on a Unix
+//!   socket, blocks in its DRAM tier or on its NVMe tier, the client mapping the descriptors it
+//!   passes): warm sequential and random reads vs the same page-cache ceilings, next to the
+//!   framed read through the same socket. Random short-circuit answers are copied into the
+//!   reader's buffer, as `pread` copies.
 //!
 //! The table goes to stdout; `--json PATH` writes every figure machine-readably.
 
@@ -28,6 +33,7 @@ use serde_json::{Value, json};
 use strata_bench::{direct_read, put_pattern_object};
 use strata_client::{Client, FileInfo};
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
+use strata_worker::WorkerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KIB: u64 = 1 << 10;
@@ -61,6 +67,9 @@ struct Args {
     /// Largest readahead window of a sequential reader, blocks (the client's default if unset).
     #[arg(long)]
     readahead: Option<usize>,
+    /// Skip the short-circuit (sidecar) rows.
+    #[arg(long)]
+    no_short_circuit: bool,
     /// Write every figure as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -152,7 +161,7 @@ async fn main() {
     for len in [4 * KIB, 64 * KIB, MIB] {
         for concurrency in [1usize, 8, 64] {
             eprintln!("random {} KiB reads at concurrency {concurrency}", len / KIB);
-            let strata = random_reads(&client, &info, len, concurrency, run_for).await;
+            let strata = random_reads(&client, &info, len, concurrency, run_for, false).await;
             let ceiling = pread_ceiling(&local, size, len, concurrency, run_for);
             rows.push(Row {
                 name: format!("random {} KiB x{concurrency}", len / KIB),
@@ -187,6 +196,10 @@ async fn main() {
             ceiling: files_s(direct_small),
             extra: json!({}),
         });
+    }
+
+    if !args.no_short_circuit {
+        short_circuit_rows(&args, &cluster, &local, size, page_cache, &mut rows).await;
     }
 
     print_table(&args, readahead, &rows);
@@ -348,12 +361,15 @@ impl Latencies {
     }
 }
 
+/// `copy_out` copies every answer into a buffer of the reader's, as `pread` does: a mapped
+/// answer is otherwise never touched, and the comparison would flatter it.
 async fn random_reads(
     client: &Client,
     info: &FileInfo,
     len: u64,
     concurrency: usize,
     run_for: Duration,
+    copy_out: bool,
 ) -> Latencies {
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
@@ -362,10 +378,14 @@ async fn random_reads(
             let info = info.clone();
             tokio::spawn(async move {
                 let mut micros = Vec::new();
+                let mut buf = vec![0u8; if copy_out { len as usize } else { 0 }];
                 while started.elapsed() < run_for {
                     let offset = rand::rng().random_range(0..info.size - len);
                     let t = Instant::now();
                     let bytes = client.read_range_of(&info, offset, len).await.expect("random read");
+                    if copy_out {
+                        buf.copy_from_slice(&bytes);
+                    }
                     micros.push(t.elapsed().as_micros() as u32);
                     assert_eq!(bytes.len() as u64, len);
                 }
@@ -442,4 +462,106 @@ async fn read_small(client: &Client, names: &[String]) {
             }
         })
         .await;
+}
+
+/// Warm reads from a sidecar on this host: through short-circuit grants (with whole-block
+/// mappings kept by the client, and mapping each read's range anew), and framed through the
+/// same socket for comparison. One sidecar keeps blocks in DRAM (granted as shared-memory
+/// copies), one on NVMe (granted as the block files themselves).
+async fn short_circuit_rows(
+    args: &Args,
+    cluster: &Cluster,
+    local: &Path,
+    size: u64,
+    page_cache: Duration,
+    rows: &mut Vec<Row>,
+) {
+    let dir = tempfile::tempdir().expect("sidecar dir");
+    for tier in ["dram", "nvme"] {
+        let mut config = WorkerConfig {
+            master_addr: cluster.master_addr(),
+            http_addr: "127.0.0.1:0".parse().expect("addr"),
+            data_dir: dir.path().join(tier),
+            sidecar: true,
+            socket_path: Some(dir.path().join(format!("{tier}.sock"))),
+            ..WorkerConfig::default()
+        };
+        if tier == "dram" {
+            config.memory_capacity = size + 256 * MIB;
+            config.nvme_capacity = 0;
+            // Room for a shared-memory copy of every block: the warm figure is the steady state.
+            config.short_circuit_shm_bytes = size + 256 * MIB;
+        } else {
+            config.memory_capacity = 0;
+            config.nvme_capacity = size + 256 * MIB;
+        }
+        let sidecar = strata_worker::sidecar::start(config, cluster.factory.clone()).await.expect("sidecar");
+        let connect = |short_circuit: bool, cache_bytes: u64| {
+            let mut c = cluster.client_config();
+            c.sidecar_socket = Some(sidecar.socket_path.clone());
+            c.short_circuit = short_circuit;
+            c.short_circuit_cache_bytes = cache_bytes;
+            if let Some(blocks) = args.readahead {
+                c.readahead_blocks = blocks;
+            }
+            Client::connect(c)
+        };
+        // Kept mappings with room for the whole file (the default keeps 1 GiB), none, and no
+        // short-circuit at all.
+        let kept = connect(true, size + 256 * MIB).await.expect("connect");
+        let mapped = connect(true, 0).await.expect("connect");
+        let framed = connect(false, 0).await.expect("connect");
+        eprintln!("short-circuit ({tier}): filling the sidecar, then warm sequential reads");
+        seq_read(&framed, "/data/big.bin", size).await;
+        sidecar.store.flush().await;
+        let clients = [
+            (&kept, "short-circuit, kept mappings"),
+            (&mapped, "short-circuit, map per read"),
+            (&framed, "sidecar socket, framed"),
+        ];
+        for (client, how) in clients {
+            let mut best = Duration::MAX;
+            for _ in 0..3 {
+                best = best.min(seq_read(client, "/data/big.bin", size).await);
+            }
+            rows.push(Row {
+                name: format!("sequential {} MiB warm, {how} ({tier})", args.size_mib),
+                unit: "MiB/s",
+                value: mib_s(size, best),
+                ceiling_name: "page-cache read",
+                ceiling: mib_s(size, page_cache),
+                extra: json!({}),
+            });
+        }
+        let info = mapped.stat("/data/big.bin").await.expect("stat");
+        let run_for = Duration::from_secs_f64(args.secs);
+        for (len, concurrency, client, how) in [
+            (4 * KIB, 1usize, &kept, "kept mappings"),
+            (4 * KIB, 8, &kept, "kept mappings"),
+            (4 * KIB, 1, &mapped, "map per read"),
+            (MIB, 1, &kept, "kept mappings"),
+            (MIB, 8, &kept, "kept mappings"),
+            (MIB, 1, &mapped, "map per read"),
+        ] {
+            eprintln!(
+                "short-circuit ({tier}, {how}): random {} KiB reads at concurrency {concurrency}",
+                len / KIB
+            );
+            let strata = random_reads(client, &info, len, concurrency, run_for, true).await;
+            let ceiling = pread_ceiling(local, size, len, concurrency, run_for);
+            rows.push(Row {
+                name: format!("random {} KiB x{concurrency}, short-circuit, {how} ({tier})", len / KIB),
+                unit: "ops/s",
+                value: strata.ops_per_sec(),
+                ceiling_name: "pread from page cache",
+                ceiling: ceiling.ops_per_sec(),
+                extra: json!({
+                    "p50_us": strata.percentile_us(50.0), "p99_us": strata.percentile_us(99.0),
+                    "p999_us": strata.percentile_us(99.9),
+                    "ceiling_p50_us": ceiling.percentile_us(50.0), "ceiling_p99_us": ceiling.percentile_us(99.0),
+                }),
+            });
+        }
+        sidecar.shutdown().await;
+    }
 }

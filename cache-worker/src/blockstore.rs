@@ -7,7 +7,7 @@
 //! mixed-version block is ever stored; an NVMe write is reported to the master only once the
 //! file is in place; tier failures degrade to misses, never to failed reads.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
@@ -108,6 +108,8 @@ pub struct Counters {
     pub bytes_served: AtomicU64,
     /// Blocks a sidecar got from its upstream (the cluster) instead of the UFS.
     pub upstream_reads: AtomicU64,
+    /// Bytes served as NVMe file regions ([`Payload::File`]) rather than through memory.
+    pub zero_copy_bytes: AtomicU64,
 }
 
 pub struct BlockStore {
@@ -127,8 +129,18 @@ pub struct BlockStore {
     master: Mutex<Option<(MasterClient<Channel>, String)>>,
     /// Set on a sidecar: misses ask it before the UFS.
     upstream: OnceLock<Arc<dyn Upstream>>,
+    /// Set when RDMA grants are on (`crate::rdma`): the registered regions and their leases.
+    pub(crate) rdma: OnceLock<Arc<crate::rdma::RdmaGrants>>,
     /// Whether verified NVMe blocks may be served as file regions ([`Payload::File`]).
     zero_copy: AtomicBool,
+    /// Write-back to NVMe (see [`keep`](Self::keep)): blocks in DRAM not yet on NVMe, and
+    /// dirty blocks DRAM evicted that are waiting for their NVMe write.
+    writeback: Arc<Writeback>,
+    /// How long client reads must have been quiet before dirty DRAM blocks are written to
+    /// NVMe; zero writes every fetched block through at once.
+    writeback_idle_ms: AtomicU64,
+    /// Short-circuit grants: leases and shared-memory copies (`crate::shortcircuit`).
+    pub(crate) short_circuit: OnceLock<crate::shortcircuit::ShortCircuit>,
 }
 
 /// The bytes of a block range as the data plane gets them to send.
@@ -155,6 +167,27 @@ impl Payload {
     }
 }
 
+#[derive(Default)]
+struct Writeback {
+    dirty: Mutex<HashSet<BlockKey>>,
+    evicted: Mutex<Vec<(BlockKey, Bytes)>>,
+}
+
+impl Writeback {
+    /// The DRAM tier's eviction sink: a dirty block leaving DRAM must reach NVMe.
+    fn on_evict(&self, key: &BlockKey, bytes: &Bytes) {
+        if lock(&self.dirty).remove(key) {
+            lock(&self.evicted).push((key.clone(), bytes.clone()));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Default of `WorkerConfig::nvme_writeback_idle_ms`.
+pub const DEFAULT_WRITEBACK_IDLE: Duration = Duration::from_millis(1000);
 /// NVMe write budget is counted in KiB so a u32 of permits covers terabytes.
 const BUDGET_UNIT: u64 = 1024;
 
@@ -167,6 +200,10 @@ impl BlockStore {
         nvme_write_budget: u64,
     ) -> Self {
         let units = (nvme_write_budget / BUDGET_UNIT).clamp(1, u32::MAX as u64 / 2) as u32;
+        let writeback = Arc::new(Writeback::default());
+        let sink = Arc::clone(&writeback);
+        let write_back = memory.set_eviction_sink(Box::new(move |key, bytes| sink.on_evict(key, bytes)));
+        let writeback_idle = if write_back { DEFAULT_WRITEBACK_IDLE } else { Duration::ZERO };
         Self {
             memory,
             nvme,
@@ -180,8 +217,19 @@ impl BlockStore {
             qos: Qos::default(),
             master: Mutex::new(None),
             upstream: OnceLock::new(),
+            rdma: OnceLock::new(),
             zero_copy: AtomicBool::new(true),
+            writeback,
+            writeback_idle_ms: AtomicU64::new(writeback_idle.as_millis() as u64),
+            short_circuit: OnceLock::new(),
         }
+    }
+
+    /// Sets how long client reads must be quiet before blocks they fetched, held in DRAM only,
+    /// are written to NVMe; zero writes every fetched block to NVMe at once (write-through).
+    /// Blocks DRAM evicts are written at once either way.
+    pub fn set_writeback_idle(&self, idle: Duration) {
+        self.writeback_idle_ms.store(idle.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Turns serving NVMe blocks as file regions (sendfile, passed descriptors) on or off.
@@ -256,15 +304,16 @@ impl BlockStore {
     pub async fn read_payload(&self, req: &ReadBlockRequest) -> Result<(Payload, Source), ServeError> {
         let _foreground = self.qos.foreground();
         let (key, mount, rel, block_len) = self.locate_range(req).await?;
-        if self.zero_copy.load(Ordering::Relaxed) && !self.memory.contains(&key) {
-            if let Some((file, data_offset, len)) = self.nvme.open_verified(&key)
-                && len == block_len
-            {
-                self.hit(TierKind::Nvme);
-                self.served(req.len);
-                let region = Payload::File { file, offset: data_offset + req.offset, len: req.len };
-                return Ok((region, Source::Nvme));
-            }
+        if self.zero_copy.load(Ordering::Relaxed)
+            && !self.memory.contains(&key)
+            && let Some((file, data_offset, len)) = self.nvme.open_verified(&key)
+            && len == block_len
+        {
+            self.hit(TierKind::Nvme);
+            self.served(req.len);
+            self.counters.zero_copy_bytes.fetch_add(req.len, Ordering::Relaxed);
+            let region = Payload::File { file, offset: data_offset + req.offset, len: req.len };
+            return Ok((region, Source::Nvme));
         }
         let (bytes, source) = self.read_bytes(req, &key, &mount, &rel, block_len).await?;
         Ok((Payload::Bytes(bytes), source))
@@ -300,7 +349,7 @@ impl BlockStore {
         block_len: u64,
     ) -> Result<(Bytes, Source), ServeError> {
         let (bytes, source) =
-            self.block(req, key, mount, rel, req.block_index * req.block_size, block_len).await?;
+            self.block(req, key, mount, rel, req.block_index * req.block_size, block_len, false).await?;
         let start = req.offset as usize;
         let out = bytes.slice(start..start + req.len as usize);
         self.served(out.len() as u64);
@@ -316,7 +365,7 @@ impl BlockStore {
             return Ok(LoadOutcome { already_cached: true, bytes: block_len });
         }
         let (_, source) =
-            self.block(req, &key, &mount, &rel, req.block_index * req.block_size, block_len).await?;
+            self.block(req, &key, &mount, &rel, req.block_index * req.block_size, block_len, true).await?;
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: block_len })
     }
 
@@ -371,6 +420,10 @@ impl BlockStore {
         Ok((key, mount, rel, block_len))
     }
 
+    /// A whole block from a tier or, on a miss, fetched once however many ask at the same
+    /// time. `write_through` (warmup loads) puts a fetched block on NVMe at once instead of
+    /// when DRAM evicts it or reads go quiet.
+    #[allow(clippy::too_many_arguments)]
     async fn block(
         &self,
         req: &ReadBlockRequest,
@@ -379,6 +432,7 @@ impl BlockStore {
         rel: &str,
         start: u64,
         len: u64,
+        write_through: bool,
     ) -> Result<(Bytes, Source), ServeError> {
         if let Some(b) = self.lookup_tiers(key).await {
             return Ok(b);
@@ -395,7 +449,7 @@ impl BlockStore {
                 if let Ok(Some(b)) = self.memory.get(key).await {
                     return Ok(b);
                 }
-                self.fetch(req, key, mount, rel, start, len).await
+                self.fetch(req, key, mount, rel, start, len, write_through).await
             })
             .await
             .cloned();
@@ -423,6 +477,7 @@ impl BlockStore {
                 if let Err(e) = self.memory.put(key, b.clone()).await {
                     debug!(block = %key, tier = "memory", err = %e, "promotion skipped");
                 }
+                self.persist_evicted().await;
                 Some((b, Source::Nvme))
             }
             Ok(None) => None,
@@ -438,6 +493,7 @@ impl BlockStore {
         metrics::counter!(m::CACHE_HITS, "tier" => tier.label()).increment(1);
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn fetch(
         &self,
         req: &ReadBlockRequest,
@@ -446,6 +502,7 @@ impl BlockStore {
         rel: &str,
         start: u64,
         len: u64,
+        write_through: bool,
     ) -> Result<Bytes, ServeError> {
         if let Some(upstream) = self.upstream.get() {
             let read = UpstreamRead {
@@ -462,7 +519,7 @@ impl BlockStore {
                     self.counters.upstream_reads.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(m::UPSTREAM_READS).increment(1);
                     metrics::counter!(m::UPSTREAM_BYTES).increment(len);
-                    self.keep(key, &bytes).await;
+                    self.keep(key, &bytes, write_through).await;
                     return Ok(bytes);
                 }
                 Ok(bytes) => {
@@ -491,16 +548,100 @@ impl BlockStore {
         self.counters.ufs_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::UFS_READS).increment(1);
         metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
-        self.keep(key, &bytes).await;
+        self.keep(key, &bytes, write_through).await;
         Ok(bytes)
     }
 
-    /// Caches a fetched block in DRAM and queues it for NVMe.
-    async fn keep(&self, key: &BlockKey, bytes: &Bytes) {
-        if let Err(e) = self.memory.put(key, bytes.clone()).await {
-            debug!(block = %key, tier = "memory", err = %e, "not cached in memory");
+    /// Caches a fetched block in DRAM and, for NVMe, either queues its write now
+    /// (`write_through`, or write-back off, or no room in DRAM) or marks it dirty: it is then
+    /// written when DRAM evicts it, when client reads have been quiet for
+    /// `writeback_idle`, or at [`flush`](Self::flush) (shutdown). A cold read thus does not
+    /// share the disk and the CPU with NVMe writes of the blocks it is reading; what a crash
+    /// loses is DRAM-only copies, which the UFS still has.
+    async fn keep(&self, key: &BlockKey, bytes: &Bytes, write_through: bool) {
+        let write_back = !write_through
+            && self.writeback_idle_ms.load(Ordering::Relaxed) > 0
+            && self.nvme.usage().capacity_bytes > 0;
+        // Dirty before it is in DRAM: an eviction right after the put must see it dirty.
+        if write_back {
+            lock(&self.writeback.dirty).insert(key.clone());
         }
-        self.write_nvme(key.clone(), bytes.clone()).await;
+        let in_memory = match self.memory.put(key, bytes.clone()).await {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(block = %key, tier = "memory", err = %e, "not cached in memory");
+                false
+            }
+        };
+        if !write_back || !in_memory {
+            if write_back {
+                lock(&self.writeback.dirty).remove(key);
+            }
+            self.write_nvme(key.clone(), bytes.clone()).await;
+        }
+        self.persist_evicted().await;
+    }
+
+    /// Queues the NVMe writes of dirty blocks DRAM has evicted (waiting for budget: a slow
+    /// disk slows the misses that evict).
+    async fn persist_evicted(&self) {
+        let evicted = std::mem::take(&mut *lock(&self.writeback.evicted));
+        for (key, bytes) in evicted {
+            self.write_nvme(key, bytes).await;
+        }
+    }
+
+    /// Queues the NVMe writes of up to `limit` dirty blocks still in DRAM; how many it took.
+    async fn persist_dirty(&self, limit: usize) -> usize {
+        let keys: Vec<BlockKey> = {
+            let mut dirty = lock(&self.writeback.dirty);
+            let keys: Vec<BlockKey> = dirty.iter().take(limit).cloned().collect();
+            for key in &keys {
+                dirty.remove(key);
+            }
+            keys
+        };
+        for key in &keys {
+            // Gone from DRAM meanwhile (evicted while not dirty, or removed): nothing to keep.
+            if let Some(bytes) = self.memory.peek(key) {
+                self.write_nvme(key.clone(), bytes).await;
+            }
+        }
+        keys.len()
+    }
+
+    /// Writes one dirty DRAM block to NVMe and waits until it is written; `false` when none is
+    /// left. One at a time, so a read that starts meanwhile shares the machine with at most one
+    /// block write (queuing many at once stalled reads for seconds on two cores).
+    async fn write_back_one(&self) -> bool {
+        let key = {
+            let mut dirty = lock(&self.writeback.dirty);
+            let Some(key) = dirty.iter().next().cloned() else {
+                return false;
+            };
+            dirty.remove(&key);
+            key
+        };
+        if let Some(bytes) = self.memory.peek(&key)
+            && let Err(e) = self.nvme.put(&key, bytes).await
+        {
+            debug!(block = %key, tier = "nvme", err = %e, "not written back to nvme");
+        }
+        true
+    }
+
+    /// Writes dirty DRAM blocks to NVMe whenever client reads have been quiet for the
+    /// write-back idle time, until `cancel`.
+    pub async fn run_writeback(&self, cancel: tokio_util::sync::CancellationToken) {
+        loop {
+            let idle = Duration::from_millis(self.writeback_idle_ms.load(Ordering::Relaxed));
+            let wait = if idle.is_zero() { DEFAULT_WRITEBACK_IDLE } else { idle / 4 };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            while !cancel.is_cancelled() && self.qos.quiet_for() >= idle && self.write_back_one().await {}
+        }
     }
 
     /// Queues an NVMe write, waiting for budget when too many bytes are already queued: a
@@ -519,11 +660,29 @@ impl BlockStore {
         });
     }
 
-    /// Waits until every queued NVMe write has finished.
+    /// Writes every dirty DRAM block to NVMe and waits until every queued NVMe write has
+    /// finished (shutdown, tests).
     pub async fn flush(&self) {
+        self.persist_evicted().await;
+        while self.persist_dirty(usize::MAX).await > 0 {}
+        self.nvme_writes_settled().await;
+    }
+
+    /// Waits until the NVMe writes queued so far have finished, without writing dirty blocks.
+    pub async fn nvme_writes_settled(&self) {
         if let Ok(all) = self.nvme_budget.acquire_many(self.nvme_budget_units).await {
             drop(all);
         }
+    }
+
+    /// What the DRAM and NVMe tiers hold now.
+    pub fn tier_usage(&self) -> (crate::tier::TierUsage, crate::tier::TierUsage) {
+        (self.memory.usage(), self.nvme.usage())
+    }
+
+    /// Blocks held in DRAM only, waiting for write-back to NVMe.
+    pub fn dirty_blocks(&self) -> usize {
+        lock(&self.writeback.dirty).len()
     }
 
     pub fn counters(&self) -> WorkerCounters {

@@ -41,6 +41,62 @@ pub struct WorkerConfig {
     pub sidecar: bool,
     /// Unix socket a sidecar serves on (`--socket`); required in sidecar mode, unused otherwise.
     pub socket_path: Option<PathBuf>,
+    /// Answer `OpenBlock` on the Unix socket with a passed file descriptor the client maps
+    /// (short-circuit reads, see docs/ARCHITECTURE.md); false refuses and clients read through
+    /// the socket. Default true.
+    pub short_circuit: bool,
+    /// How long a short-circuit grant's lease lasts unless the client releases it, in
+    /// milliseconds. Default 30000.
+    pub short_circuit_lease_ms: u64,
+    /// Bytes of shared-memory copies of DRAM blocks kept for short-circuit readers (on top of
+    /// the DRAM tier). Default 268435456 (256 MiB).
+    pub short_circuit_shm_bytes: u64,
+    /// Blocks fetched for client reads stay in DRAM only until DRAM evicts them or client
+    /// reads have been quiet this many milliseconds, then go to NVMe (write-back: a cold read
+    /// does not compete with NVMe writes). 0 writes every fetched block to NVMe at once
+    /// (write-through). Warmup loads always write through. Default 1000.
+    pub nvme_writeback_idle_ms: u64,
+    /// Serve NVMe blocks whose checksum was verified since start straight from their files
+    /// (`sendfile`, passed descriptors) instead of reading and re-checking them on every read.
+    /// Default true; false checks every NVMe read (see docs/ARCHITECTURE.md, "Zero copy").
+    pub zero_copy: bool,
+    /// RDMA grants on the TCP data plane (`[rdma]` table, see [`RdmaConfig`]). Default off.
+    pub rdma: RdmaConfig,
+}
+
+/// How a worker answers `OpenBlock` on TCP (see docs/ARCHITECTURE.md, "RDMA").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RdmaMode {
+    /// Grants are refused; clients that ask read over TCP instead.
+    #[default]
+    Off,
+    /// Regions of ordinary worker memory, read by clients with `RemoteRead` frames over TCP:
+    /// the RDMA protocol without a NIC (tests, and machines without RDMA).
+    Emulated,
+    /// Memory registered with the first RDMA device (ibverbs) and read by the client's NIC.
+    /// Needs a build with the `rdma` feature; the worker does not start without a device.
+    Verbs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RdmaConfig {
+    /// `off` (default), `emulated` or `verbs`.
+    pub mode: RdmaMode,
+    /// Bytes of granted (registered) memory held at once at most; a grant beyond it is refused
+    /// and the client reads over TCP. Default 268435456 (256 MiB).
+    pub memory: u64,
+    /// Grants held at once at most. Default 1024.
+    pub max_grants: usize,
+    /// How long a grant lives unless the client releases it first, in milliseconds. Default 30000.
+    pub grant_ttl_ms: u64,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        Self { mode: RdmaMode::Off, memory: 256 << 20, max_grants: 1024, grant_ttl_ms: 30_000 }
+    }
 }
 
 impl Default for WorkerConfig {
@@ -59,6 +115,12 @@ impl Default for WorkerConfig {
             nvme_write_budget: 256 << 20,
             sidecar: false,
             socket_path: None,
+            short_circuit: true,
+            short_circuit_lease_ms: 30_000,
+            short_circuit_shm_bytes: 256 << 20,
+            nvme_writeback_idle_ms: crate::blockstore::DEFAULT_WRITEBACK_IDLE.as_millis() as u64,
+            zero_copy: true,
+            rdma: RdmaConfig::default(),
         }
     }
 }

@@ -1,11 +1,13 @@
 //! The data-plane server: framed TCP (see `strata_common::frame`), one request at a time per
-//! connection, payload bytes written straight from the block's `Bytes`. The same protocol is
+//! connection, payload bytes written straight from the block's `Bytes`, or for a verified NVMe
+//! block sent from its file with `sendfile`. The same protocol is
 //! served over a Unix socket by a sidecar worker (`serve_unix`) to the processes of its pod.
 //!
 //! A malformed frame gets an error frame and the connection is closed (its framing can no
 //! longer be trusted); a request that is well-framed but wrong gets an error frame and the
 //! connection stays usable. Either way the worker keeps serving everyone else.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use crate::blockstore::BlockStore;
+use crate::blockstore::{BlockStore, Payload};
 use crate::metrics_defs as m;
 
 /// Small payloads go out in one write with their header; large ones in two writes, without
@@ -28,7 +30,7 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 
 /// A listener the data plane accepts connections on.
 trait Listener: Send + 'static {
-    type Stream: GrantStream;
+    type Stream: GrantStream + SendFile;
     /// The next connection and a name of its peer for logs.
     fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
 }
@@ -73,6 +75,84 @@ pub(crate) trait GrantStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
         store: &Arc<BlockStore>,
         body_len: usize,
     ) -> impl Future<Output = std::io::Result<()>> + Send;
+    /// `Op::RdmaConnect`: serves the rest of the connection. Refused unless overridden (TCP).
+    fn rdma_connect(
+        &mut self,
+        store: &Arc<BlockStore>,
+        body_len: usize,
+    ) -> impl Future<Output = std::io::Result<()>> + Send
+    where
+        Self: Sized,
+    {
+        let _ = (store, body_len);
+        async move { reject(self, "RdmaConnect is served on TCP only").await }
+    }
+}
+
+/// Sends a file region to the socket with `sendfile(2)`: the bytes go from the page cache to
+/// the socket without passing through user space (and without the copy and checksum pass of a
+/// tier read).
+pub(crate) trait SendFile {
+    fn send_file(
+        &mut self,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
+}
+
+macro_rules! impl_send_file {
+    ($stream:ty) => {
+        impl SendFile for $stream {
+            async fn send_file(
+                &mut self,
+                file: &std::fs::File,
+                offset: u64,
+                len: u64,
+            ) -> std::io::Result<()> {
+                let mut offset = offset;
+                let mut left = len;
+                while left > 0 {
+                    self.writable().await?;
+                    let sent = self.try_io(tokio::io::Interest::WRITABLE, || {
+                        sendfile_once(self.as_raw_fd(), file.as_raw_fd(), &mut offset, left)
+                    });
+                    match sent {
+                        Ok(0) => {
+                            // The file is shorter than the index said: the peer gets fewer bytes
+                            // than announced, so the connection must not go on.
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                "block file ended before the range",
+                            ));
+                        }
+                        Ok(n) => left -= n as u64,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+impl_send_file!(tokio::net::TcpStream);
+impl_send_file!(tokio::net::UnixStream);
+
+/// One `sendfile(2)` call of at most `left` bytes from `*offset`, which it advances.
+fn sendfile_once(socket: RawFd, file: RawFd, offset: &mut u64, left: u64) -> std::io::Result<usize> {
+    // Linux sends at most 0x7ffff000 bytes per call.
+    let count = left.min(0x7fff_f000) as usize;
+    let mut off = *offset as libc::off_t;
+    // SAFETY: both descriptors are open for the duration of the call (borrowed from live
+    // objects) and `off` is a valid, exclusively borrowed off_t.
+    let n = unsafe { libc::sendfile(socket, file, &mut off, count) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    *offset = off as u64;
+    Ok(n as usize)
 }
 
 pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: CancellationToken) {
@@ -103,7 +183,7 @@ async fn serve_on<L: Listener>(listener: L, store: Arc<BlockStore>, cancel: Canc
     tracker.wait().await;
 }
 
-fn spawn_connection<S: GrantStream>(
+fn spawn_connection<S: GrantStream + SendFile>(
     tracker: &TaskTracker,
     stream: S,
     peer: String,
@@ -122,7 +202,7 @@ fn spawn_connection<S: GrantStream>(
     });
 }
 
-async fn connection<S: GrantStream>(mut stream: S, store: Arc<BlockStore>) -> std::io::Result<()> {
+async fn connection<S: GrantStream + SendFile>(mut stream: S, store: Arc<BlockStore>) -> std::io::Result<()> {
     let mut header = [0u8; REQUEST_HEADER_LEN];
     let mut body = Vec::new();
     loop {
@@ -149,6 +229,8 @@ async fn connection<S: GrantStream>(mut stream: S, store: Arc<BlockStore>) -> st
                 stream.remote_read(&store, len).await?;
                 continue;
             }
+            // The connection becomes the lifetime of an RDMA queue pair (`crate::rdma`).
+            Ok((frame::Op::RdmaConnect, len)) => return stream.rdma_connect(&store, len).await,
             Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
             Err(e) => return reject(&mut stream, &e.to_string()).await,
         };
@@ -159,22 +241,27 @@ async fn connection<S: GrantStream>(mut stream: S, store: Arc<BlockStore>) -> st
             Err(e) => return reject(&mut stream, &e.to_string()).await,
         };
         let started = Instant::now();
-        match store.read(&req).await {
-            Ok((bytes, source)) => {
-                let head = ResponseHeader {
-                    status: Ok(source),
-                    req_id: req.req_id,
-                    payload_len: bytes.len() as u64,
-                }
-                .encode();
-                if bytes.len() <= COALESCE_LIMIT {
-                    let mut out = Vec::with_capacity(head.len() + bytes.len());
-                    out.extend_from_slice(&head);
-                    out.extend_from_slice(&bytes);
-                    stream.write_all(&out).await?;
-                } else {
-                    stream.write_all(&head).await?;
-                    stream.write_all(&bytes).await?;
+        match store.read_payload(&req).await {
+            Ok((payload, source)) => {
+                let head =
+                    ResponseHeader { status: Ok(source), req_id: req.req_id, payload_len: payload.len() }
+                        .encode();
+                match payload {
+                    Payload::Bytes(bytes) if bytes.len() <= COALESCE_LIMIT => {
+                        let mut out = Vec::with_capacity(head.len() + bytes.len());
+                        out.extend_from_slice(&head);
+                        out.extend_from_slice(&bytes);
+                        stream.write_all(&out).await?;
+                    }
+                    Payload::Bytes(bytes) => {
+                        stream.write_all(&head).await?;
+                        stream.write_all(&bytes).await?;
+                    }
+                    Payload::File { file, offset, len } => {
+                        stream.write_all(&head).await?;
+                        stream.send_file(&file, offset, len).await?;
+                        metrics::counter!(m::ZERO_COPY_BYTES).increment(len);
+                    }
                 }
                 let label = match source {
                     frame::Source::Memory => "memory",

@@ -10,7 +10,7 @@ pub mod loader;
 mod master_link;
 pub mod metrics_defs;
 mod rdma;
-mod shortcircuit;
+pub mod shortcircuit;
 pub mod sidecar;
 pub mod tier;
 mod writes;
@@ -46,6 +46,8 @@ pub enum WorkerError {
     Socket { path: String, source: std::io::Error },
     #[error("sidecar: {reason}")]
     Sidecar { reason: String },
+    #[error("RDMA: {reason}")]
+    Rdma { reason: String },
 }
 
 /// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].
@@ -90,13 +92,23 @@ pub(crate) async fn open_store(
         .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
     let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
     let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
-    Ok(Arc::new(BlockStore::new(
+    let store = BlockStore::new(
         memory,
         nvme,
         factory,
         Duration::from_millis(config.ufs_timeout_ms),
         config.nvme_write_budget,
-    )))
+    );
+    store.set_zero_copy(config.zero_copy);
+    store.set_writeback_idle(Duration::from_millis(config.nvme_writeback_idle_ms));
+    store.configure_short_circuit(config.into());
+    Ok(Arc::new(store))
+}
+
+/// The task writing dirty DRAM blocks to NVMe while reads are quiet (see `BlockStore::keep`).
+pub(crate) fn spawn_writeback(store: &Arc<BlockStore>, cancel: &CancellationToken) -> JoinHandle<()> {
+    let (store, cancel) = (store.clone(), cancel.clone());
+    tokio::spawn(async move { store.run_writeback(cancel).await })
 }
 
 /// `/metrics` and `/health` (healthy while the block store is alive) on `addr`.
@@ -141,6 +153,11 @@ impl Worker {
         };
         let nvme_dir = config.nvme_dir();
         let store = open_store(&config, factory).await?;
+        let grants = rdma::RdmaGrants::from_config(&config.rdma)
+            .map_err(|e| WorkerError::Rdma { reason: e.to_string() })?;
+        if let Some(grants) = grants {
+            store.set_rdma(grants);
+        }
 
         let listener = TcpListener::bind(config.data_addr)
             .await
@@ -168,6 +185,7 @@ impl Worker {
         };
         let link = tokio::spawn(master_link::run(client.clone(), identity, store.clone(), cancel.clone()));
         let loader = tokio::spawn(loader::run(client, worker_id.clone(), store.clone(), cancel.clone()));
+        let writeback = spawn_writeback(&store, &cancel);
         info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %nvme_dir.display(), "worker started");
         Ok(WorkerHandle {
             worker_id,
@@ -175,7 +193,7 @@ impl Worker {
             http_addr,
             store,
             cancel,
-            tasks: vec![dp, http_task, link, loader],
+            tasks: vec![dp, http_task, link, loader, writeback],
         })
     }
 }

@@ -86,6 +86,15 @@ impl Qos {
         last > Duration::ZERO && self.started.elapsed().saturating_sub(last) < FOREGROUND_RECENT
     }
 
+    /// How long no client read has been in flight (zero while one is).
+    pub fn quiet_for(&self) -> Duration {
+        if self.inflight.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_nanos(self.last_ns.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+
     /// Loads that may be in flight now.
     pub fn window(&self) -> u32 {
         self.window.lock().unwrap_or_else(|p| p.into_inner()).current()

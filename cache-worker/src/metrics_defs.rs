@@ -36,3 +36,14 @@ pub const LOAD_BYTES: &str = "strata_worker_load_bytes_total";
 pub const LOAD_YIELDS: &str = "strata_worker_load_yields_total";
 /// Gauge: warmup loads allowed in flight (the adaptive window).
 pub const LOAD_WINDOW: &str = "strata_worker_load_window";
+/// Counter, label `kind` (`file`/`shm`): short-circuit grants (a passed descriptor).
+pub const SHORT_CIRCUIT_GRANTS: &str = "strata_worker_short_circuit_grants_total";
+/// Counter, bytes: copied into shared memory for short-circuit grants of DRAM blocks.
+pub const SHORT_CIRCUIT_SHM_BYTES: &str = "strata_worker_short_circuit_shm_bytes_total";
+/// Gauge: short-circuit leases held.
+pub const SHORT_CIRCUIT_LEASES: &str = "strata_worker_short_circuit_leases";
+/// Counter, bytes: sent from verified NVMe block files with `sendfile`, never copied through
+/// the worker's memory.
+pub const ZERO_COPY_BYTES: &str = "strata_worker_zero_copy_bytes_total";
+/// Counter, label `result` (`granted`/`refused`): RDMA grants (`OpenBlock` on TCP) answered.
+pub const RDMA_GRANTS: &str = "strata_worker_rdma_grants_total";

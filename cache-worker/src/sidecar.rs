@@ -140,7 +140,14 @@ pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result
         })
     };
     info!(sidecar = %worker_id, socket = %socket_path.display(), %http_addr, "sidecar started");
-    Ok(SidecarHandle { socket_path, http_addr, store, cancel, tasks: vec![dp, http_task, refresher] })
+    let writeback = crate::spawn_writeback(&store, &cancel);
+    Ok(SidecarHandle {
+        socket_path,
+        http_addr,
+        store,
+        cancel,
+        tasks: vec![dp, http_task, refresher, writeback],
+    })
 }
 
 #[cfg(test)]

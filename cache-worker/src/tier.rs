@@ -68,6 +68,10 @@ pub enum TierEvent {
     Removed { key: BlockKey },
 }
 
+/// Told of every block a tier evicts to make room (not of removals), with its bytes. It runs
+/// under the tier's lock, so it must be quick and must not call back into the tier.
+pub type EvictionSink = Box<dyn Fn(&BlockKey, &Bytes) + Send + Sync>;
+
 #[async_trait]
 pub trait Tier: Send + Sync + 'static {
     fn kind(&self) -> TierKind;
@@ -88,6 +92,16 @@ pub trait Tier: Send + Sync + 'static {
     /// the tier keeps blocks in files and this one's checksum is known good; `None` sends the
     /// caller to [`get`](Self::get).
     fn open_verified(&self, _key: &BlockKey) -> Option<(std::fs::File, u64, u64)> {
+        None
+    }
+    /// Installs the sink told of evictions; `false` when the tier does not support one (or
+    /// already has one).
+    fn set_eviction_sink(&self, _sink: EvictionSink) -> bool {
+        false
+    }
+    /// A block's bytes without counting as a use (so LRU order does not change); `None` on a
+    /// miss or where looking costs I/O.
+    fn peek(&self, _key: &BlockKey) -> Option<Bytes> {
         None
     }
     /// Corrupt blocks detected (and dropped) since start.

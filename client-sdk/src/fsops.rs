@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use strata_common::frame::{
     MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBegin, request_header,
 };
@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::warn;
 
+use crate::transport::Sink;
 use crate::{Client, ClientError, FileInfo, Result, TransportError};
 
 /// Writes smaller than this are gathered into one data frame; larger ones go out as they are.
@@ -27,8 +28,8 @@ const FRAME: usize = 4 << 20;
 
 impl Client {
     /// Fills `buf` with the bytes of one version of a file from `offset` (the caller sizes
-    /// `buf` within the file). Blocks are fetched in parallel and each is copied once, straight
-    /// into its place in `buf`.
+    /// `buf` within the file). Blocks are fetched in parallel and each is received from the
+    /// socket straight into its place in `buf`: no intermediate buffer, no copy.
     pub async fn read_into(&self, info: &FileInfo, offset: u64, buf: &mut [u8]) -> Result<()> {
         if info.is_dir {
             return Err(ClientError::IsDirectory(info.path.clone()));
@@ -41,21 +42,19 @@ impl Client {
                 info.size
             )));
         }
-        let slices = block_slices(info.size, info.block_size, offset, buf.len() as u64);
-        // Each block is received on the runtime's worker threads (so several cores share the
-        // socket reads) and copied here, in order, into its place.
-        let mut blocks = futures::stream::iter(slices.into_iter().map(|s| {
-            let (client, info) = (self.clone(), info.clone());
-            tokio::spawn(async move { client.read_slice(&info, s).await })
-        }))
-        .buffered(self.config().parallelism.max(1));
-        let mut at = 0;
-        while let Some(joined) = blocks.next().await {
-            let bytes = joined.map_err(|e| ClientError::Unavailable(format!("block read task: {e}")))??;
-            buf[at..at + bytes.len()].copy_from_slice(&bytes);
-            at += bytes.len();
+        let mut rest = buf;
+        let mut reads = Vec::new();
+        for slice in block_slices(info.size, info.block_size, offset, rest.len() as u64) {
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(slice.len as usize);
+            // Made here rather than in a stream combinator's closure, whose borrow of `part`
+            // the compiler cannot prove general enough for a `Send` future.
+            reads.push(self.read_slice_to(info, slice, Sink::Into(part)));
+            rest = tail;
         }
-        Ok(())
+        futures::stream::iter(reads)
+            .buffer_unordered(self.config().parallelism.max(1))
+            .try_for_each(|_| async { Ok(()) })
+            .await
     }
 
     /// Starts replacing the file at `path` (on a `mode=write-through` mount) with the bytes

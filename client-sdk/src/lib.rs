@@ -12,11 +12,15 @@
 //! `STRATA_SIDECAR_SOCKET`), every block is asked of the sidecar over its Unix socket first;
 //! when the sidecar cannot serve (not running, timed out, a temporary error) the block is read
 //! from the cluster over TCP as usual, so a missing sidecar slows a job down but never fails it.
+//! Before the framed read, the sidecar is asked for a short-circuit grant (`shortcircuit`): a
+//! passed file descriptor mapped in place; any failure there falls back to the framed read.
 
 mod error;
 mod fsops;
 mod jobs;
+mod rdma;
 mod reader;
+pub mod shortcircuit;
 pub mod transport;
 
 use std::collections::HashMap;
@@ -24,8 +28,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use futures::{StreamExt, TryStreamExt};
+use bytes::Bytes;
 use strata_common::frame::{ReadBlockRequest, Source};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, block_slices, path};
@@ -35,10 +38,14 @@ use strata_proto::{
 };
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
+use transport::Sink;
 
 pub use error::{ClientError, Result};
 pub use fsops::StrataWriter;
 pub use jobs::job_finished;
+#[cfg(feature = "rdma")]
+pub use rdma::VerbsReader;
+pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
 pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError, UnixTransport};
@@ -68,6 +75,19 @@ pub struct ClientConfig {
     /// Unix socket of the pod's sidecar worker: blocks are asked of it first, and of the
     /// cluster when it cannot serve. Default: `STRATA_SIDECAR_SOCKET` when set and non-empty.
     pub sidecar_socket: Option<PathBuf>,
+    /// Read blocks the sidecar holds by mapping a file descriptor it passes (short-circuit)
+    /// instead of copying them through the socket. Default true, unless `STRATA_SHORT_CIRCUIT`
+    /// is `0`/`false`/`off`/`no`. Unused without `sidecar_socket`.
+    pub short_circuit: bool,
+    /// Bytes of whole-block short-circuit mappings kept for the next read of the same block,
+    /// each for half its lease. A read of a kept block costs no round trip. The mappings are
+    /// of the sidecar's page cache and shared memory (address space, not new memory), but they
+    /// keep blocks the sidecar evicted alive until they go. 0 maps exactly each read's range
+    /// and gives its lease back when its bytes are dropped. Default 1073741824 (1 GiB).
+    pub short_circuit_cache_bytes: u64,
+    /// Read workers through RDMA grants ([`RdmaTransport`]) instead of plain TCP. Default
+    /// [`RdmaMode::Off`]; any RDMA failure falls back to TCP for that read.
+    pub rdma: RdmaMode,
 }
 
 impl ClientConfig {
@@ -81,6 +101,9 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(60),
             max_read_len: 4 << 30,
             sidecar_socket: std::env::var_os(SIDECAR_SOCKET_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
+            short_circuit: shortcircuit::enabled_by_env(),
+            short_circuit_cache_bytes: 1 << 30,
+            rdma: RdmaMode::Off,
         }
     }
 }
@@ -127,6 +150,8 @@ struct Inner {
     transport: Arc<dyn Transport>,
     /// The sidecar's socket path and the transport that reaches it.
     sidecar: Option<(String, Arc<dyn Transport>)>,
+    /// Short-circuit reads through the sidecar's socket, when enabled.
+    short_circuit: Option<shortcircuit::ShortCircuit>,
     view: RwLock<View>,
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
     failovers: std::sync::atomic::AtomicU64,
@@ -139,9 +164,10 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to the master (failing fast if it is unreachable) with the TCP transport.
+    /// Connects to the master (failing fast if it is unreachable) with the TCP transport, or
+    /// RDMA grants as `config.rdma` says.
     pub async fn connect(config: ClientConfig) -> Result<Self> {
-        let transport = Arc::new(TcpTransport::new(config.connect_timeout, config.request_timeout));
+        let transport = rdma::transport_for(config.rdma, config.connect_timeout, config.request_timeout);
         Self::connect_with_transport(config, transport).await
     }
 
@@ -161,11 +187,20 @@ impl Client {
                 Arc::new(UnixTransport::new(config.connect_timeout, config.request_timeout));
             (p.display().to_string(), t)
         });
+        let short_circuit = config.sidecar_socket.as_ref().filter(|_| config.short_circuit).map(|p| {
+            shortcircuit::ShortCircuit::new(
+                p.display().to_string(),
+                config.connect_timeout,
+                config.request_timeout,
+                config.short_circuit_cache_bytes,
+            )
+        });
         let client = Self {
             inner: Arc::new(Inner {
                 master: MasterClient::new(channel),
                 transport,
                 sidecar,
+                short_circuit,
                 view: RwLock::new(View {
                     ring: Ring::default(),
                     last_members: Ring::default(),
@@ -308,20 +343,29 @@ impl Client {
             )));
         }
         let slices = block_slices(info.size, info.block_size, offset, len);
-        if slices.len() == 1 {
-            return self.read_slice(info, slices[0]).await;
+        match slices.len() {
+            0 => return Ok(Bytes::new()),
+            1 => return self.read_slice(info, slices[0]).await,
+            _ => {}
         }
-        let mut out = BytesMut::with_capacity(len as usize);
-        let mut parts = futures::stream::iter(slices.into_iter().map(|s| self.read_slice(info, s)))
-            .buffered(self.inner.config.parallelism.max(1));
-        while let Some(part) = parts.try_next().await? {
-            out.extend_from_slice(&part);
-        }
-        Ok(out.freeze())
+        // Received in place (see `read_into`) rather than block by block and then copied.
+        let mut out = vec![0u8; len as usize];
+        self.read_into(info, offset, &mut out).await?;
+        Ok(Bytes::from(out))
     }
 
     /// One block's part of a read, from its owner or, failing that, the next workers on the ring.
     async fn read_slice(&self, info: &FileInfo, slice: BlockSlice) -> Result<Bytes> {
+        Ok(self.read_slice_to(info, slice, Sink::New).await?.unwrap_or_default())
+    }
+
+    /// [`read_slice`](Self::read_slice) into `sink`: a new buffer (returned) or the caller's.
+    async fn read_slice_to(
+        &self,
+        info: &FileInfo,
+        slice: BlockSlice,
+        mut sink: Sink<'_>,
+    ) -> Result<Option<Bytes>> {
         let req = ReadBlockRequest {
             req_id: 0,
             path: info.path.clone(),
@@ -332,9 +376,22 @@ impl Client {
             offset: slice.offset,
             len: slice.len,
         };
+        if let Some(short_circuit) = &self.inner.short_circuit
+            && !short_circuit.backing_off()
+        {
+            match short_circuit.read_block(&req).await {
+                Ok(bytes) if bytes.len() as u64 == slice.len => return Ok(sink.deliver(bytes)),
+                Ok(bytes) => {
+                    debug!(block = slice.index, path = %info.path, got = bytes.len(), "short-circuit read of the wrong length; reading through the socket");
+                }
+                Err(e) => {
+                    debug!(block = slice.index, path = %info.path, err = %e, "short-circuit read failed; reading through the socket");
+                }
+            }
+        }
         if let Some((socket, sidecar)) = &self.inner.sidecar {
-            match sidecar.read_block(socket, &req).await {
-                Ok((bytes, _source)) => return Ok(bytes),
+            match sink.read(sidecar.as_ref(), socket, &req).await {
+                Ok(bytes) => return Ok(bytes),
                 // Any worker would answer the same (not found, version changed): no fallback.
                 Err(TransportError::Remote { kind, message, .. }) if !kind.is_temporary() => {
                     return Err(ClientError::from_kind(kind, message));
@@ -360,8 +417,8 @@ impl Client {
                 return Err(ClientError::Unavailable("no live workers in the cluster".into()));
             }
             for (attempt, owner) in ring.owners(hash, ring.members().len()).into_iter().enumerate() {
-                match self.inner.transport.read_block(&owner.data_addr, &req).await {
-                    Ok((bytes, _source)) => {
+                match sink.read(self.inner.transport.as_ref(), &owner.data_addr, &req).await {
+                    Ok(bytes) => {
                         if attempt > 0 || round > 0 {
                             metrics::counter!(METRIC_FAILOVERS).increment(1);
                             self.inner.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

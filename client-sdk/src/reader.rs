@@ -83,6 +83,51 @@ impl Drop for StrataReader {
     }
 }
 
+impl StrataReader {
+    /// Makes `current` the block holding `pos`; `false` at the end of the file.
+    fn poll_current(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
+        loop {
+            if self.pos >= self.info.size {
+                return Poll::Ready(Ok(false));
+            }
+            let index = self.pos / self.info.block_size;
+            if self.current.as_ref().is_some_and(|(cur, _)| *cur == index) {
+                return Poll::Ready(Ok(true));
+            }
+            self.schedule(index);
+            let (_, task) = self.pending.front_mut().expect("schedule queued the needed block");
+            let fetched = ready!(Pin::new(task).poll(cx));
+            self.pending.pop_front();
+            let bytes = match fetched {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(e)) => return Poll::Ready(Err(e.into())),
+                Err(join) => return Poll::Ready(Err(io::Error::other(join))),
+            };
+            self.last_index = self.current.as_ref().map(|(i, _)| *i);
+            self.current = Some((index, bytes));
+        }
+    }
+
+    /// The current block and where `pos` is in it (only after `poll_current` said `true`).
+    fn current_at_pos(&self) -> (&Bytes, usize) {
+        let (index, bytes) = self.current.as_ref().expect("poll_current filled it");
+        (bytes, (self.pos - index * self.info.block_size) as usize)
+    }
+
+    /// The bytes from the position to the end of its block, as they arrived from the worker:
+    /// no copy (`read` copies into the caller's buffer). `None` at the end of the file. Mixes
+    /// with `read` and seeks; readahead works the same.
+    pub async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        if !std::future::poll_fn(|cx| self.poll_current(cx)).await? {
+            return Ok(None);
+        }
+        let (bytes, start) = self.current_at_pos();
+        let chunk = bytes.slice(start..);
+        self.pos += chunk.len() as u64;
+        Ok(Some(chunk))
+    }
+}
+
 impl AsyncRead for StrataReader {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -90,32 +135,14 @@ impl AsyncRead for StrataReader {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        loop {
-            if this.pos >= this.info.size || buf.remaining() == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            let index = this.pos / this.info.block_size;
-            if let Some((cur, bytes)) = &this.current
-                && *cur == index
-            {
-                let start = (this.pos - index * this.info.block_size) as usize;
-                let n = (bytes.len() - start).min(buf.remaining());
-                buf.put_slice(&bytes[start..start + n]);
-                this.pos += n as u64;
-                return Poll::Ready(Ok(()));
-            }
-            this.schedule(index);
-            let (_, task) = this.pending.front_mut().expect("schedule queued the needed block");
-            let fetched = ready!(Pin::new(task).poll(cx));
-            this.pending.pop_front();
-            let bytes = match fetched {
-                Ok(Ok(bytes)) => bytes,
-                Ok(Err(e)) => return Poll::Ready(Err(e.into())),
-                Err(join) => return Poll::Ready(Err(io::Error::other(join))),
-            };
-            this.last_index = this.current.as_ref().map(|(i, _)| *i);
-            this.current = Some((index, bytes));
+        if buf.remaining() == 0 || !ready!(this.poll_current(cx))? {
+            return Poll::Ready(Ok(()));
         }
+        let (bytes, start) = this.current_at_pos();
+        let n = (bytes.len() - start).min(buf.remaining());
+        buf.put_slice(&bytes[start..start + n]);
+        this.pos += n as u64;
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -46,43 +46,100 @@ pub trait Transport: Send + Sync + 'static {
     /// Reads `req.len` bytes of one block from the worker at `addr`.
     async fn read_block(&self, addr: &str, req: &ReadBlockRequest)
     -> Result<(Bytes, Source), TransportError>;
+
+    /// Reads `req.len` bytes of one block into `dst` (exactly that long). Transports that can
+    /// receive straight into it do (TCP, Unix); the default reads a block and copies it.
+    async fn read_block_into(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+        dst: &mut [u8],
+    ) -> Result<Source, TransportError> {
+        let (bytes, source) = self.read_block(addr, req).await?;
+        if bytes.len() != dst.len() {
+            return Err(TransportError::Protocol {
+                addr: addr.to_string(),
+                reason: format!("{} bytes for a read of {}", bytes.len(), dst.len()),
+            });
+        }
+        dst.copy_from_slice(&bytes);
+        Ok(source)
+    }
+}
+
+/// Where a response's payload goes: a new buffer, or the caller's.
+pub(crate) enum Sink<'a> {
+    New,
+    Into(&'a mut [u8]),
+}
+
+impl Sink<'_> {
+    /// One block read through `transport`: its bytes for `New`, `None` once they are in place.
+    pub(crate) async fn read(
+        &mut self,
+        transport: &dyn Transport,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<Option<Bytes>, TransportError> {
+        match self {
+            Sink::New => transport.read_block(addr, req).await.map(|(bytes, _)| Some(bytes)),
+            Sink::Into(dst) => transport.read_block_into(addr, req, dst).await.map(|_| None),
+        }
+    }
+
+    /// Bytes that arrived another way (exactly the sink's length for `Into`), passed on.
+    pub(crate) fn deliver(&mut self, bytes: Bytes) -> Option<Bytes> {
+        match self {
+            Sink::New => Some(bytes),
+            Sink::Into(dst) => {
+                dst.copy_from_slice(&bytes);
+                None
+            }
+        }
+    }
 }
 
 /// Framed TCP with a small pool of idle connections per worker.
 pub struct TcpTransport {
-    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
-    connect_timeout: Duration,
+    pool: TcpPool,
     request_timeout: Duration,
-    max_idle_per_worker: usize,
     next_req_id: AtomicU64,
 }
 
-impl TcpTransport {
-    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
-        Self {
-            idle: Mutex::new(HashMap::new()),
-            connect_timeout,
-            request_timeout,
-            max_idle_per_worker: 64,
-            next_req_id: AtomicU64::new(1),
+/// Idle data-plane connections per worker.
+pub(crate) struct TcpPool {
+    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+    connect_timeout: Duration,
+    max_idle_per_worker: usize,
+}
+
+impl TcpPool {
+    pub(crate) fn new(connect_timeout: Duration) -> Self {
+        Self { idle: Mutex::new(HashMap::new()), connect_timeout, max_idle_per_worker: 64 }
+    }
+
+    /// An idle connection to `addr`, or a new one.
+    pub(crate) async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
+        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop);
+        match pooled {
+            Some(stream) => Ok(stream),
+            None => connect_tcp(addr, self.connect_timeout).await,
         }
     }
 
-    async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
-        if let Some(stream) =
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop)
-        {
-            return Ok(stream);
-        }
-        connect_tcp(addr, self.connect_timeout).await
-    }
-
-    fn checkin(&self, addr: &str, stream: TcpStream) {
+    /// Keeps a connection that is in sync (a whole exchange done, nothing pending).
+    pub(crate) fn checkin(&self, addr: &str, stream: TcpStream) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let pool = idle.entry(addr.to_string()).or_default();
         if pool.len() < self.max_idle_per_worker {
             pool.push(stream);
         }
+    }
+}
+
+impl TcpTransport {
+    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Self { pool: TcpPool::new(connect_timeout), request_timeout, next_req_id: AtomicU64::new(1) }
     }
 }
 
@@ -96,33 +153,53 @@ pub(crate) async fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStre
     Ok(stream)
 }
 
-/// One request and its response on a connection that is in sync (no bytes pending).
+/// One request and its response on a connection that is in sync (no bytes pending); the
+/// payload lands in `sink` (`None` returned for `Sink::Into`).
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     addr: &str,
     req: &ReadBlockRequest,
-) -> Result<(Bytes, Source), TransportError> {
+    sink: Sink<'_>,
+) -> Result<(Option<Bytes>, Source), TransportError> {
     let io = |source| TransportError::Io { addr: addr.to_string(), source };
     stream.write_all(&req.encode()).await.map_err(io)?;
+    read_response(stream, addr, req.req_id, req.len, sink).await
+}
+
+/// Reads the response to request `req_id`: a success must carry `expected` payload bytes,
+/// which land in `sink` (`None` returned for `Sink::Into`); an error frame becomes
+/// [`TransportError::Remote`].
+pub(crate) async fn read_response<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    req_id: u64,
+    expected: u64,
+    sink: Sink<'_>,
+) -> Result<(Option<Bytes>, Source), TransportError> {
+    let io = |source| TransportError::Io { addr: addr.to_string(), source };
+    let protocol = |reason: String| TransportError::Protocol { addr: addr.to_string(), reason };
     let mut head = [0u8; RESPONSE_HEADER_LEN];
     stream.read_exact(&mut head).await.map_err(io)?;
-    let head = ResponseHeader::decode(&head)
-        .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
-    let expected = match head.status {
-        Ok(_) => req.len,
+    let head = ResponseHeader::decode(&head).map_err(|e| protocol(e.to_string()))?;
+    let want = match head.status {
+        Ok(_) => expected,
         Err(_) => head.payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
     };
-    if head.req_id != req.req_id || head.payload_len != expected {
-        return Err(TransportError::Protocol {
-            addr: addr.to_string(),
-            reason: format!(
-                "response {}/{} bytes for request {}/{}",
-                head.req_id, head.payload_len, req.req_id, req.len
-            ),
-        });
+    if head.req_id != req_id || head.payload_len != want {
+        return Err(protocol(format!(
+            "response {}/{} bytes for request {req_id}/{expected}",
+            head.req_id, head.payload_len
+        )));
+    }
+    let want = want as usize;
+    if let (Ok(source), Sink::Into(dst)) = (head.status, sink) {
+        if dst.len() != want {
+            return Err(protocol(format!("a buffer of {} bytes for a read of {want}", dst.len())));
+        }
+        stream.read_exact(dst).await.map_err(io)?;
+        return Ok((None, source));
     }
     // Filled straight from the socket: no zeroing pass over a multi-MiB block first.
-    let want = head.payload_len as usize;
     let mut buf = BytesMut::with_capacity(want);
     while buf.len() < want {
         let left = want - buf.len();
@@ -131,7 +208,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
     match head.status {
-        Ok(source) => Ok((buf.freeze(), source)),
+        Ok(source) => Ok((Some(buf.freeze()), source)),
         Err(kind) => Err(TransportError::Remote {
             addr: addr.to_string(),
             kind,
@@ -140,26 +217,90 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-#[async_trait]
-impl Transport for TcpTransport {
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError> {
-        let mut req = req.clone();
-        req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
-        let mut stream = self.checkout(addr).await?;
-        let result = tokio::time::timeout(self.request_timeout, exchange(&mut stream, addr, &req))
-            .await
-            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
-        // Only a connection that completed a whole exchange is known to be in sync.
-        if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
-            self.checkin(addr, stream);
+/// A pool of idle framed connections ([`TcpTransport`], [`UnixTransport`]).
+trait Pool: Send + Sync {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send;
+    /// An idle connection to `addr`, or a new one.
+    fn checkout(&self, addr: &str) -> impl Future<Output = Result<Self::Stream, TransportError>> + Send;
+    /// Keeps a connection that is in sync for the next request.
+    fn checkin(&self, addr: &str, stream: Self::Stream);
+    fn next_req_id(&self) -> u64;
+    fn request_timeout(&self) -> Duration;
+}
+
+/// One request on a pooled connection, under the request timeout.
+async fn pooled_call<P: Pool>(
+    pool: &P,
+    addr: &str,
+    req: &ReadBlockRequest,
+    sink: Sink<'_>,
+) -> Result<(Option<Bytes>, Source), TransportError> {
+    let mut req = req.clone();
+    req.req_id = pool.next_req_id();
+    let mut stream = pool.checkout(addr).await?;
+    let result = tokio::time::timeout(pool.request_timeout(), exchange(&mut stream, addr, &req, sink))
+        .await
+        .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
+    // Only a connection that completed a whole exchange is known to be in sync.
+    if reusable(&result) {
+        pool.checkin(addr, stream);
+    }
+    result
+}
+
+/// Whether a connection can be reused after an exchange ended with `result`: only one that
+/// completed a whole exchange is known to be in sync.
+pub(crate) fn reusable<T>(result: &Result<T, TransportError>) -> bool {
+    matches!(result, Ok(_) | Err(TransportError::Remote { .. }))
+}
+
+/// The [`Transport`] of a framed [`Pool`].
+macro_rules! pooled_transport {
+    ($pool:ty) => {
+        #[async_trait]
+        impl Transport for $pool {
+            async fn read_block(
+                &self,
+                addr: &str,
+                req: &ReadBlockRequest,
+            ) -> Result<(Bytes, Source), TransportError> {
+                let (bytes, source) = pooled_call(self, addr, req, Sink::New).await?;
+                Ok((bytes.unwrap_or_default(), source))
+            }
+
+            async fn read_block_into(
+                &self,
+                addr: &str,
+                req: &ReadBlockRequest,
+                dst: &mut [u8],
+            ) -> Result<Source, TransportError> {
+                pooled_call(self, addr, req, Sink::Into(dst)).await.map(|(_, source)| source)
+            }
         }
-        result
+    };
+}
+
+impl Pool for TcpTransport {
+    type Stream = TcpStream;
+
+    async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
+        self.pool.checkout(addr).await
+    }
+
+    fn checkin(&self, addr: &str, stream: TcpStream) {
+        self.pool.checkin(addr, stream)
+    }
+
+    fn next_req_id(&self) -> u64 {
+        self.next_req_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.request_timeout
     }
 }
+
+pooled_transport!(TcpTransport);
 
 /// The framed protocol over a Unix socket, to the sidecar worker of this pod; `addr` is the
 /// socket's path. Keeps a few idle connections, like [`TcpTransport`].
@@ -183,34 +324,40 @@ impl UnixTransport {
     }
 }
 
-#[async_trait]
-impl Transport for UnixTransport {
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError> {
-        let mut req = req.clone();
-        req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
-        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut stream = match pooled {
-            Some(s) => s,
-            None => tokio::time::timeout(self.connect_timeout, UnixStream::connect(addr))
-                .await
-                .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
-                .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?,
-        };
-        let result = tokio::time::timeout(self.request_timeout, exchange(&mut stream, addr, &req))
-            .await
-            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
-        if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            if idle.len() < self.max_idle {
-                idle.push(stream);
-            }
+impl Pool for UnixTransport {
+    type Stream = UnixStream;
+
+    async fn checkout(&self, addr: &str) -> Result<UnixStream, TransportError> {
+        if let Some(stream) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(stream);
         }
-        result
+        connect_unix(addr, self.connect_timeout).await
     }
+
+    fn checkin(&self, _addr: &str, stream: UnixStream) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(stream);
+        }
+    }
+
+    fn next_req_id(&self) -> u64 {
+        self.next_req_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+}
+
+pooled_transport!(UnixTransport);
+
+/// A new connection to a worker's Unix socket at `path`.
+pub(crate) async fn connect_unix(path: &str, timeout: Duration) -> Result<UnixStream, TransportError> {
+    tokio::time::timeout(timeout, UnixStream::connect(path))
+        .await
+        .map_err(|_| TransportError::Timeout { addr: path.to_string() })?
+        .map_err(|source| TransportError::Connect { addr: path.to_string(), source })
 }
 
 /// Fails reads to chosen workers, for tests of failover.
@@ -228,13 +375,9 @@ impl FaultyTransport {
     }
 }
 
-#[async_trait]
-impl Transport for FaultyTransport {
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError> {
+impl FaultyTransport {
+    /// The injected failure for a read to `addr`, if any.
+    fn check(&self, addr: &str) -> Result<(), TransportError> {
         let refused = || TransportError::Connect {
             addr: addr.to_string(),
             source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
@@ -245,6 +388,28 @@ impl Transport for FaultyTransport {
         if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(refused());
         }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Transport for FaultyTransport {
+    async fn read_block(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+    ) -> Result<(Bytes, Source), TransportError> {
+        self.check(addr)?;
         self.inner.read_block(addr, req).await
+    }
+
+    async fn read_block_into(
+        &self,
+        addr: &str,
+        req: &ReadBlockRequest,
+        dst: &mut [u8],
+    ) -> Result<Source, TransportError> {
+        self.check(addr)?;
+        self.inner.read_block_into(addr, req, dst).await
     }
 }

@@ -13,7 +13,9 @@
 //! `OpenBlock` takes a read's body and answers a 40-byte [`BlockGrant`] instead of the bytes
 //! (with a file descriptor attached on a Unix socket); `Release` (body `lease_id:u64`, no
 //! response) ends a grant's lease early; `RemoteRead` (body `req_id:u64 addr:u64 rkey:u32
-//! len:u64`) reads granted registered memory — RDMA's one-sided READ, emulated over TCP.
+//! len:u64`) reads granted registered memory — RDMA's one-sided READ, emulated over TCP;
+//! `RdmaConnect` (body an [`RdmaEndpoint`], answered by the worker's) connects a real RDMA queue
+//! pair for as long as its connection stays open.
 //! `status` 0 is success and the payload is data; otherwise it is an [`ErrorKind`] code and
 //! the payload a UTF-8 message.
 //!
@@ -64,6 +66,10 @@ pub enum Op {
     /// Read bytes of registered memory named by a grant ([`RemoteRead`]): what an RDMA READ
     /// does one-sided, emulated over TCP to test the RDMA protocol where no NIC exists.
     RemoteRead = 7,
+    /// Connect an RDMA queue pair to the worker's ([`RdmaEndpoint`] body, answered by the
+    /// worker's endpoint as a data response). The connection carries nothing else afterwards;
+    /// the worker's queue pair lives until it closes.
+    RdmaConnect = 8,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -169,6 +175,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         5 => Op::OpenBlock,
         6 => Op::Release,
         7 => Op::RemoteRead,
+        8 => Op::RdmaConnect,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -177,6 +184,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::WriteEnd => 0,
         Op::Release => LeaseRelease::BODY_LEN,
         Op::RemoteRead => RemoteRead::BODY_LEN,
+        Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
         Op::ReadBlock | Op::OpenBlock | Op::WriteBegin => MAX_REQUEST_BODY,
     };
     if body_len > limit {
@@ -293,6 +301,55 @@ impl RemoteRead {
             addr: u64_at(8),
             rkey: u32::from_le_bytes(body[16..20].try_into().expect("4 bytes")),
             len: u64_at(20),
+        })
+    }
+}
+
+/// An RDMA queue pair's address, exchanged in [`Op::RdmaConnect`] to connect a reliable
+/// connection (RC) between a client and a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaEndpoint {
+    pub qp_num: u32,
+    /// The port's local id (InfiniBand); 0 on RoCE.
+    pub lid: u16,
+    /// The port's global id, for routed (RoCE) connections.
+    pub gid: Option<[u8; 16]>,
+}
+
+impl RdmaEndpoint {
+    pub const ENCODED_LEN: usize = 24;
+
+    /// `qp_num:u32 lid:u16 has_gid:u8 0:u8 gid:[u8;16]`.
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[0..4].copy_from_slice(&self.qp_num.to_le_bytes());
+        out[4..6].copy_from_slice(&self.lid.to_le_bytes());
+        if let Some(gid) = self.gid {
+            out[6] = 1;
+            out[8..24].copy_from_slice(&gid);
+        }
+        out
+    }
+
+    /// The request frame of [`Op::RdmaConnect`].
+    pub fn encode_request(&self) -> Vec<u8> {
+        let mut out = request_header(Op::RdmaConnect, Self::ENCODED_LEN).to_vec();
+        out.extend_from_slice(&self.encode());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self, FrameError> {
+        if buf.len() != Self::ENCODED_LEN || buf[6] > 1 || buf[7] != 0 {
+            return Err(FrameError::Malformed);
+        }
+        let gid: [u8; 16] = buf[8..24].try_into().expect("16 bytes");
+        if buf[6] == 0 && gid != [0; 16] {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self {
+            qp_num: u32::from_le_bytes(buf[0..4].try_into().expect("4 bytes")),
+            lid: u16::from_le_bytes(buf[4..6].try_into().expect("2 bytes")),
+            gid: (buf[6] == 1).then_some(gid),
         })
     }
 }
@@ -496,6 +553,26 @@ mod tests {
         let header: [u8; REQUEST_HEADER_LEN] = open[..REQUEST_HEADER_LEN].try_into().unwrap();
         assert_eq!(decode_request_header(&header).unwrap().0, Op::OpenBlock);
         assert_eq!(ReadBlockRequest::decode_body(&open[REQUEST_HEADER_LEN..]).unwrap(), sample());
+    }
+
+    #[test]
+    fn rdma_endpoints_round_trip_and_bad_ones_fail() {
+        for ep in [
+            RdmaEndpoint { qp_num: 0x00ab_cdef, lid: 17, gid: None },
+            RdmaEndpoint { qp_num: 1, lid: 0, gid: Some([0xfe; 16]) },
+        ] {
+            let req = ep.encode_request();
+            let header: [u8; REQUEST_HEADER_LEN] = req[..REQUEST_HEADER_LEN].try_into().unwrap();
+            assert_eq!(decode_request_header(&header).unwrap(), (Op::RdmaConnect, RdmaEndpoint::ENCODED_LEN));
+            assert_eq!(RdmaEndpoint::decode(&req[REQUEST_HEADER_LEN..]).unwrap(), ep);
+        }
+        let mut bad = RdmaEndpoint { qp_num: 1, lid: 1, gid: None }.encode();
+        bad[20] = 1; // gid bytes without the gid flag
+        assert_eq!(RdmaEndpoint::decode(&bad), Err(FrameError::Malformed));
+        bad[6] = 2;
+        assert_eq!(RdmaEndpoint::decode(&bad), Err(FrameError::Malformed));
+        assert_eq!(RdmaEndpoint::decode(&bad[..23]), Err(FrameError::Malformed));
+        assert!(decode_request_header(&request_header(Op::RdmaConnect, 25)).is_err());
     }
 
     proptest! {

@@ -1,11 +1,13 @@
 //! Where the time of a cold read goes, step by step, on the S3 named by STRATA_TEST_S3_*: direct
 //! opendal 4 MiB ranges, the worker's own UFS read (`OpendalUfs::read_range`: If-Match, one
 //! contiguous buffer), and cold 4 MiB blocks through a one-worker cluster, each at 1/4/8 in
-//! flight. `--no-nvme` gives the worker no NVMe tier, to see what filling it costs.
+//! flight. `--no-nvme` gives the worker no NVMe tier, to see what filling it costs;
+//! `--write-through` writes each fetched block to NVMe at once instead of writing it back
+//! later (the default).
 //!
 //! ```sh
 //! source scripts/garage.sh && garage_start
-//! cargo run --release -p strata-testkit --example cold_probe [-- --no-nvme]
+//! cargo run --release -p strata-testkit --example cold_probe [-- --no-nvme | --write-through]
 //! ```
 use std::time::Instant;
 
@@ -68,6 +70,9 @@ async fn main() {
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(opts, ufs).await;
+    if std::env::args().any(|a| a == "--write-through") {
+        cluster.worker(0).store.set_writeback_idle(std::time::Duration::ZERO);
+    }
     let client = cluster.client().await;
     let info = client.stat("/data/p.bin").await.unwrap();
     let blocks = size / (4 << 20);

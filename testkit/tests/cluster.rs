@@ -49,6 +49,20 @@ fn random_ranges_read_through_the_cluster_equal_the_source() {
             let end = (offset.saturating_add(len) as usize).min(data.len());
             prop_assert_eq!(got.len(), end - start);
             prop_assert!(got[..] == data[start..end], "{} [{}+{}] differs", path, offset, len);
+            // The same range received straight into a caller's buffer; the bytes past it stay
+            // untouched.
+            let info = rt.block_on(client.stat(path)).unwrap();
+            let n = end - start;
+            let mut buf = vec![0xA5u8; n + 3];
+            rt.block_on(client.read_into(&info, start as u64, &mut buf[..n])).unwrap();
+            prop_assert!(
+                buf[..n] == data[start..end],
+                "{} [{}+{}] differs read into a buffer",
+                path,
+                offset,
+                len
+            );
+            prop_assert!(buf[n..].iter().all(|&b| b == 0xA5), "bytes past the read were written");
             Ok(())
         })
         .unwrap();
@@ -71,6 +85,25 @@ async fn second_read_is_served_from_the_tiers() {
         );
     }
     assert_eq!(cluster.ufs_reads(), after_first, "warm reads must not touch the UFS");
+
+    // A reader's chunks are the file in order, each up to the end of its block, mixed with
+    // reads and seeks.
+    {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        let mut reader = client.open("/data/warm.bin").await.unwrap();
+        let mut head = [0u8; 100];
+        reader.read_exact(&mut head).await.unwrap();
+        let mut got = head.to_vec();
+        while let Some(chunk) = reader.next_chunk().await.unwrap() {
+            assert!(!chunk.is_empty());
+            assert_eq!((got.len() + chunk.len()) % MIB, data.len().min(got.len() + chunk.len()) % MIB);
+            got.extend_from_slice(&chunk);
+        }
+        assert!(got == data, "chunks differ from the file");
+        reader.seek(std::io::SeekFrom::Start(3 * MIB as u64 - 5)).await.unwrap();
+        assert_eq!(reader.next_chunk().await.unwrap().unwrap(), data[3 * MIB - 5..3 * MIB]);
+        assert_eq!(reader.next_chunk().await.unwrap().unwrap(), data[3 * MIB..4 * MIB]);
+    }
 
     // The master's status sums the workers' counters (reported by heartbeat).
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -190,6 +223,84 @@ async fn a_corrupted_nvme_block_is_detected_and_refetched() {
     assert_eq!(client.read_all("/data/c.bin").await.unwrap(), data, "corrupt bytes are never served");
     assert_eq!(cluster.ufs_reads(), before + 1, "the corrupt block was fetched again");
     assert_eq!(cluster.worker(0).store.counters().corrupt_blocks, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blocks_read_by_clients_reach_nvme_when_dram_evicts_them_or_at_flush() {
+    // DRAM holds 3 of the file's 8 blocks; idle write-back is pushed out of the test's way.
+    let opts = ClusterOptions { workers: 1, memory_capacity: 3 * MIB as u64, ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(opts).await;
+    let store = cluster.worker(0).store.clone();
+    store.set_writeback_idle(Duration::from_secs(3600));
+    let data = pattern(8 * MIB, 31);
+    cluster.write_file("wb.bin", &data);
+    let client = cluster.client().await;
+    assert_eq!(client.read_all("/data/wb.bin").await.unwrap(), data);
+    store.nvme_writes_settled().await;
+    let nvme_blocks = |c: &Cluster| c.worker(0).store.tier_usage().1.blocks;
+    assert_eq!(nvme_blocks(&cluster), 5, "exactly the 5 blocks DRAM evicted were written");
+    assert_eq!(store.dirty_blocks(), 3, "the 3 in DRAM wait");
+    store.flush().await;
+    assert_eq!(nvme_blocks(&cluster), 8, "flush writes the rest");
+    assert_eq!(store.dirty_blocks(), 0);
+
+    // None was lost on the way: after a restart every block comes from NVMe.
+    let ufs_reads = cluster.ufs_reads();
+    cluster.restart_worker(0).await;
+    cluster.wait_for_live_workers(1).await;
+    assert_eq!(client.read_all("/data/wb.bin").await.unwrap(), data);
+    assert_eq!(cluster.ufs_reads(), ufs_reads);
+
+    // Quiet reads hand dirty blocks to the idle writer.
+    let more = pattern(2 * MIB, 32);
+    cluster.write_file("wb2.bin", &more);
+    let store = cluster.worker(0).store.clone();
+    store.set_writeback_idle(Duration::from_millis(50));
+    assert_eq!(client.read_all("/data/wb2.bin").await.unwrap(), more);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.dirty_blocks() > 0 {
+        assert!(std::time::Instant::now() < deadline, "idle write-back never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn verified_nvme_blocks_are_sent_from_their_files_and_unverified_ones_are_checked_first() {
+    use std::sync::atomic::Ordering::Relaxed;
+    // No DRAM tier: every hit after the first read is an NVMe hit.
+    let opts = ClusterOptions { workers: 1, memory_capacity: 0, ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(opts).await;
+    let data = pattern(5 * MIB + 4321, 21);
+    cluster.write_file("z.bin", &data);
+    let client = cluster.client().await;
+    assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
+    cluster.flush().await;
+    let ufs_reads = cluster.ufs_reads();
+    let zero_copy = |c: &Cluster| c.worker(0).store.counters.zero_copy_bytes.load(Relaxed);
+
+    // Written by this worker from memory: verified, so sent with sendfile.
+    assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
+    assert_eq!(zero_copy(&cluster), data.len() as u64, "every byte came from the block files");
+    for (offset, len) in [(0, 1), (MIB - 3, 7), (2 * MIB + 5, MIB), (5 * MIB, 4321), (4 * MIB + 17, 99_999)] {
+        let got = client.read_range("/data/z.bin", offset as u64, len as u64).await.unwrap();
+        assert_eq!(&got[..], &data[offset..offset + len], "range {offset}+{len}");
+    }
+    assert_eq!(cluster.ufs_reads(), ufs_reads, "no block was fetched again");
+
+    // After a restart nothing is verified: the first read checks every block (no sendfile),
+    // the next one sends them from their files.
+    cluster.restart_worker(0).await;
+    cluster.wait_for_live_workers(1).await;
+    assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
+    assert_eq!(zero_copy(&cluster), 0, "unverified blocks go through the checksum");
+    assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
+    assert_eq!(zero_copy(&cluster), data.len() as u64);
+
+    // Turned off, every read goes through the checksum again.
+    cluster.worker(0).store.set_zero_copy(false);
+    assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
+    assert_eq!(zero_copy(&cluster), data.len() as u64);
+    assert_eq!(cluster.ufs_reads(), ufs_reads);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

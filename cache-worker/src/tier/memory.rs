@@ -19,19 +19,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::BlockKey;
 
-use super::{Result, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{EvictionSink, Result, Tier, TierError, TierEvent, TierKind, TierUsage};
 
 /// The DRAM tier. A capacity of 0 disables it: every `put` is refused with `TooLarge` and every
 /// `get` misses.
 pub struct MemoryTier {
     capacity: u64,
     inner: Mutex<Inner>,
+    eviction_sink: OnceLock<EvictionSink>,
 }
 
 struct Entry {
@@ -84,22 +85,19 @@ impl Inner {
         Some(entry)
     }
 
-    /// Evicts the least recently used block; `false` when the tier is empty.
-    fn evict_lru(&mut self) -> bool {
-        let Some((_, key)) = self.lru.first_key_value() else {
-            return false;
-        };
+    /// Evicts the least recently used block; `None` when the tier is empty.
+    fn evict_lru(&mut self) -> Option<(BlockKey, Bytes)> {
+        let (_, key) = self.lru.first_key_value()?;
         let key = key.clone();
-        if let Some(entry) = self.remove(&key) {
-            tracing::trace!(block = %key, tier = "memory", size = entry.data.len(), "evicted");
-        }
-        true
+        let entry = self.remove(&key)?;
+        tracing::trace!(block = %key, tier = "memory", size = entry.data.len(), "evicted");
+        Some((key, entry.data))
     }
 }
 
 impl MemoryTier {
     pub fn new(capacity_bytes: u64) -> Self {
-        Self { capacity: capacity_bytes, inner: Mutex::new(Inner::default()) }
+        Self { capacity: capacity_bytes, inner: Mutex::new(Inner::default()), eviction_sink: OnceLock::new() }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -148,8 +146,11 @@ impl Tier for MemoryTier {
         // insertion; removing first also frees its bytes before anything else is evicted.
         inner.remove(key);
         while inner.used + size > self.capacity {
-            if !inner.evict_lru() {
+            let Some((evicted, bytes)) = inner.evict_lru() else {
                 break;
+            };
+            if let Some(sink) = self.eviction_sink.get() {
+                sink(&evicted, &bytes);
             }
         }
         debug_assert!(inner.used + size <= self.capacity);
@@ -164,6 +165,14 @@ impl Tier for MemoryTier {
 
     fn contains(&self, key: &BlockKey) -> bool {
         self.lock().entries.contains_key(key)
+    }
+
+    fn set_eviction_sink(&self, sink: EvictionSink) -> bool {
+        self.eviction_sink.set(sink).is_ok()
+    }
+
+    fn peek(&self, key: &BlockKey) -> Option<Bytes> {
+        self.lock().entries.get(key).map(|e| e.data.clone())
     }
 
     fn usage(&self) -> TierUsage {
@@ -219,6 +228,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[tokio::test]
+    async fn the_eviction_sink_sees_evictions_with_their_bytes_but_not_removals() {
+        let tier = MemoryTier::new(20);
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        assert!(
+            tier.set_eviction_sink(Box::new(move |k, b| sink.lock().unwrap().push((k.clone(), b.clone()))))
+        );
+        assert!(!tier.set_eviction_sink(Box::new(|_, _| {})), "one sink only");
+        tier.put(&key(0), block(10, 0)).await.unwrap();
+        tier.put(&key(1), block(10, 1)).await.unwrap();
+        tier.remove(&key(1)).await.unwrap();
+        assert!(seen.lock().unwrap().is_empty(), "a removal is not an eviction");
+        tier.put(&key(2), block(10, 2)).await.unwrap();
+        tier.put(&key(3), block(10, 3)).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![(key(0), block(10, 0))]);
+        assert_eq!(tier.peek(&key(2)), Some(block(10, 2)));
+        // Peeking is not a use: key 2 is still the oldest.
+        tier.put(&key(4), block(10, 4)).await.unwrap();
+        assert_eq!(seen.lock().unwrap().last().unwrap().0, key(2));
     }
 
     #[tokio::test]

@@ -1,0 +1,684 @@
+//! Short-circuit reads from the pod's sidecar worker: instead of the block's bytes, the sidecar
+//! answers `OpenBlock` with a [`BlockGrant`] and a file descriptor passed over the Unix socket
+//! (SCM_RIGHTS) — the verified NVMe block file, or a sealed shared-memory copy of a DRAM block —
+//! and the client maps it read-only. The returned [`Bytes`] points into the mapping: no copy
+//! through a socket, no copy into a buffer.
+//!
+//! Invariants: what a descriptor names never changes while it is mapped (block files are
+//! replaced by rename or deleted, never rewritten; shared memory is sealed against writes and
+//! shrinking, which is checked here), so a mapping stays correct after the worker evicts the
+//! block; the grant's range is checked against the file's size before mapping, so a wrong grant
+//! is an error, never a SIGBUS. The lease is given back (a `Release` frame) when the last
+//! `Bytes` of the mapping is dropped, best effort: a lease nobody gives back expires.
+//! With a mapping cache (`ClientConfig::short_circuit_cache_bytes`), whole blocks are mapped
+//! and kept for half their lease, so the next reads of a block cost no round trip; a kept
+//! mapping is never used past that, so the worker's lease always outlives its use.
+//! Any failure here is reported to the caller, which reads the block the framed way instead.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_common::frame::{
+    BlockGrant, GrantHandle, LeaseRelease, MAX_ERROR_MESSAGE, Op, RESPONSE_HEADER_LEN, ReadBlockRequest,
+    ResponseHeader,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+use crate::transport::TransportError;
+
+/// Counter: block reads served by mapping a descriptor the sidecar passed.
+pub const METRIC_SHORT_CIRCUIT_READS: &str = "strata_client_short_circuit_reads_total";
+/// Counter: short-circuit attempts that failed and were read the framed way instead.
+pub const METRIC_SHORT_CIRCUIT_FALLBACKS: &str = "strata_client_short_circuit_fallbacks_total";
+/// Environment variable that turns short-circuit reads off when `0`, `false`, `off` or `no`.
+pub const SHORT_CIRCUIT_ENV: &str = "STRATA_SHORT_CIRCUIT";
+
+/// Most descriptors one `recvmsg` accepts; a peer sending more is misbehaving, and the extra
+/// ones are closed.
+const MAX_FDS: usize = 8;
+/// After a failure that will likely repeat (the sidecar refuses grants, sends garbage), every
+/// read goes the framed way for this long instead of paying a failed round trip each.
+const BACKOFF: Duration = Duration::from_secs(10);
+/// Longest a kept mapping is used, whatever lease the sidecar grants.
+const MAX_KEEP: Duration = Duration::from_secs(3600);
+/// Release frames kept for the next request when no idle connection could take them.
+const MAX_QUEUED_RELEASES: usize = 4096;
+
+/// Sends `bytes` with `pass` attached (SCM_RIGHTS) on a connected Unix stream socket; returns
+/// how many bytes went (the descriptor goes with the first of them). Non-blocking sockets give
+/// `WouldBlock` as usual.
+pub fn send_with_fd(socket: BorrowedFd<'_>, bytes: &[u8], pass: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    // u64 words: the control buffer must be aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
+    debug_assert!(space <= size_of_val(&control));
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points at `space` writable, aligned bytes, enough for one header and
+    // one descriptor, so CMSG_FIRSTHDR is non-null and CMSG_DATA has room for a c_int.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), pass.as_raw_fd());
+    }
+    // SAFETY: msg and everything it points at outlive the call; MSG_NOSIGNAL turns a closed
+    // peer into EPIPE instead of killing the process.
+    let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// Receives into `buf`; descriptors that arrived with the bytes are appended to `fds` (owned,
+/// close-on-exec). Returns the bytes read (0 at end of stream). Descriptors the control buffer
+/// could not hold are an error: the kernel closed them and the peer is misbehaving.
+pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut control = [0u64; 16];
+    // SAFETY: see send_with_fd.
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<RawFd>()) as u32) } as usize;
+    debug_assert!(space <= size_of_val(&control));
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg points at a writable buffer and control area that outlive the call.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled msg_controllen bytes of well-formed control messages; the
+    // CMSG_* walk stays inside them, and every SCM_RIGHTS descriptor is new and ours to own.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let payload = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..payload / size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::other("more file descriptors than expected were passed"));
+    }
+    Ok(n as usize)
+}
+
+/// Writes all of `bytes` with `pass` attached to the first of them.
+pub async fn write_all_with_fd(
+    stream: &mut UnixStream,
+    bytes: &[u8],
+    pass: BorrowedFd<'_>,
+) -> io::Result<()> {
+    if bytes.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a descriptor needs at least one byte"));
+    }
+    let sent = stream.async_io(Interest::WRITABLE, || send_with_fd(stream.as_fd(), bytes, pass)).await?;
+    if sent == 0 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    stream.write_all(&bytes[sent..]).await
+}
+
+/// Fills `buf`, collecting every descriptor that arrives with its bytes into `fds`.
+pub async fn read_exact_with_fds(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = stream
+            .async_io(Interest::READABLE, || recv_with_fds(stream.as_fd(), &mut buf[got..], fds))
+            .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// Connections to the sidecar and the leases waiting to be given back; shared with every
+/// mapping so that dropping one can release its lease.
+struct Shared {
+    idle: Mutex<Vec<UnixStream>>,
+    releases: Mutex<Vec<u64>>,
+    max_idle: usize,
+}
+
+impl Shared {
+    /// Gives a lease back now on an idle connection if one can take the frame without
+    /// blocking (this runs in `Drop`, possibly outside any runtime), else with the next request.
+    fn release(&self, lease_id: u64) {
+        let mut ids = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|p| p.into_inner()));
+        ids.push(lease_id);
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(stream) = idle.last() {
+                let frames = encode_releases(&ids);
+                match stream.try_write(&frames) {
+                    Ok(n) if n == frames.len() => return,
+                    // Half a frame went out: the connection is out of step; drop it (the worker
+                    // closes its side on the torn frame) and send every id again later — a
+                    // second release of a lease is harmless.
+                    Ok(_) => drop(idle.pop()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => drop(idle.pop()),
+                }
+            }
+        }
+        let mut queued = self.releases.lock().unwrap_or_else(|p| p.into_inner());
+        queued.extend(ids);
+        if queued.len() > MAX_QUEUED_RELEASES {
+            // Those leases expire on the worker anyway.
+            let excess = queued.len() - MAX_QUEUED_RELEASES;
+            queued.drain(..excess);
+        }
+    }
+
+    fn take_releases(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.releases.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+fn encode_releases(ids: &[u64]) -> Vec<u8> {
+    ids.iter().flat_map(|&lease_id| LeaseRelease { lease_id }.encode()).collect()
+}
+
+/// Gives the lease back when dropped.
+struct LeaseGuard {
+    lease_id: u64,
+    shared: Arc<Shared>,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.shared.release(self.lease_id);
+    }
+}
+
+/// The owner of the bytes a short-circuit read returns.
+struct Mapped {
+    map: memmap2::Mmap,
+    _lease: LeaseGuard,
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+/// (path, version, block size, block index): a block of one version of a file.
+type BlockId = (String, String, u64, u64);
+
+/// Whole-block mappings kept for the next reads, least recently used out first.
+struct MapCache {
+    limit: u64,
+    used: u64,
+    tick: u64,
+    /// The whole block, until when it may be used, and when it was last used.
+    blocks: HashMap<BlockId, (Bytes, Instant, u64)>,
+}
+
+impl MapCache {
+    /// The kept block, unless its time is up (then it is dropped: its lease goes back).
+    fn get(&mut self, key: &BlockId, dropped: &mut Vec<Bytes>) -> Option<Bytes> {
+        self.tick += 1;
+        let tick = self.tick;
+        let (bytes, until, used) = self.blocks.get_mut(key)?;
+        if Instant::now() < *until {
+            *used = tick;
+            return Some(bytes.clone());
+        }
+        self.evict(key, dropped);
+        None
+    }
+
+    /// Keeps `bytes` (or returns what a concurrent read kept first), evicting the expired and
+    /// then the least recently used to stay under the limit.
+    fn insert(&mut self, key: BlockId, bytes: Bytes, until: Instant, dropped: &mut Vec<Bytes>) -> Bytes {
+        if let Some(kept) = self.get(&key, dropped) {
+            dropped.push(bytes);
+            return kept;
+        }
+        let len = bytes.len() as u64;
+        if len > self.limit {
+            return bytes;
+        }
+        let now = Instant::now();
+        let expired: Vec<_> =
+            self.blocks.iter().filter(|(_, v)| v.1 <= now).map(|(k, _)| k.clone()).collect();
+        for k in expired {
+            self.evict(&k, dropped);
+        }
+        while self.used + len > self.limit {
+            let Some(oldest) = self.blocks.iter().min_by_key(|(_, v)| v.2).map(|(k, _)| k.clone()) else {
+                break;
+            };
+            self.evict(&oldest, dropped);
+        }
+        self.used += len;
+        self.blocks.insert(key, (bytes.clone(), until, self.tick));
+        bytes
+    }
+
+    fn evict(&mut self, key: &BlockId, dropped: &mut Vec<Bytes>) {
+        if let Some((bytes, _, _)) = self.blocks.remove(key) {
+            self.used -= bytes.len() as u64;
+            dropped.push(bytes);
+        }
+    }
+}
+
+/// Short-circuit reads through one sidecar socket.
+pub(crate) struct ShortCircuit {
+    socket: String,
+    cache: Mutex<MapCache>,
+    shared: Arc<Shared>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    next_req_id: AtomicU64,
+    backoff_until: Mutex<Option<Instant>>,
+}
+
+impl ShortCircuit {
+    pub(crate) fn new(
+        socket: String,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        cache_bytes: u64,
+    ) -> Self {
+        Self {
+            socket,
+            cache: Mutex::new(MapCache { limit: cache_bytes, used: 0, tick: 0, blocks: HashMap::new() }),
+            shared: Arc::new(Shared {
+                idle: Mutex::new(Vec::new()),
+                releases: Mutex::new(Vec::new()),
+                max_idle: 64,
+            }),
+            connect_timeout,
+            request_timeout,
+            next_req_id: AtomicU64::new(1),
+            backoff_until: Mutex::new(None),
+        }
+    }
+
+    /// Whether a recent failure says not to try now.
+    pub(crate) fn backing_off(&self) -> bool {
+        let mut until = self.backoff_until.lock().unwrap_or_else(|p| p.into_inner());
+        match *until {
+            Some(t) if Instant::now() < t => true,
+            Some(_) => {
+                *until = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, MapCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `req.len` bytes of one block, mapped from the descriptor the sidecar passes (or from
+    /// the kept mapping of the whole block).
+    pub(crate) async fn read_block(&self, req: &ReadBlockRequest) -> Result<Bytes, TransportError> {
+        let (start, end) = (req.offset as usize, (req.offset + req.len) as usize);
+        if self.cache().limit == 0 {
+            return self.read_mapped(req).await.map(|(bytes, _)| bytes);
+        }
+        let key = (req.path.clone(), req.version.clone(), req.block_size, req.block_index);
+        // Mappings are dropped (and their leases released) outside the lock.
+        let mut dropped = Vec::new();
+        let kept = self.cache().get(&key, &mut dropped);
+        drop(dropped);
+        if let Some(whole) = kept
+            && end <= whole.len()
+        {
+            metrics::counter!(METRIC_SHORT_CIRCUIT_READS).increment(1);
+            return Ok(whole.slice(start..end));
+        }
+        let len = strata_common::block::block_len(req.file_size, req.block_size, req.block_index);
+        let whole_req = ReadBlockRequest { offset: 0, len, ..req.clone() };
+        let (whole, ttl) = self.read_mapped(&whole_req).await?;
+        if end > whole.len() {
+            return Err(TransportError::Protocol {
+                addr: self.socket.clone(),
+                reason: format!("range {start}..{end} outside a block of {}", whole.len()),
+            });
+        }
+        let mut dropped = Vec::new();
+        // Half the lease: the worker's pin always outlives our use, whatever the clocks do.
+        let until = Instant::now() + (ttl / 2).min(MAX_KEEP);
+        let whole = self.cache().insert(key, whole, until, &mut dropped);
+        drop(dropped);
+        Ok(whole.slice(start..end))
+    }
+
+    async fn read_mapped(&self, req: &ReadBlockRequest) -> Result<(Bytes, Duration), TransportError> {
+        let result = self.try_read_block(req).await;
+        match &result {
+            Ok(_) => metrics::counter!(METRIC_SHORT_CIRCUIT_READS).increment(1),
+            Err(e) => {
+                metrics::counter!(METRIC_SHORT_CIRCUIT_FALLBACKS).increment(1);
+                // A refusal or a broken answer will come again; a missing block or a changed
+                // version is about this read only.
+                let repeats = match e {
+                    TransportError::Remote { kind, .. } => kind.is_temporary(),
+                    _ => true,
+                };
+                if repeats {
+                    *self.backoff_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Instant::now() + BACKOFF);
+                }
+            }
+        }
+        result
+    }
+
+    async fn try_read_block(&self, req: &ReadBlockRequest) -> Result<(Bytes, Duration), TransportError> {
+        let addr = self.socket.as_str();
+        let mut req = req.clone();
+        req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
+        let pooled = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut stream = match pooled {
+            Some(s) => s,
+            None => tokio::time::timeout(self.connect_timeout, UnixStream::connect(addr))
+                .await
+                .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
+                .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?,
+        };
+        let result = tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, &req))
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
+        // Only a connection that completed a whole exchange is known to be in step.
+        if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
+            let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < self.shared.max_idle {
+                idle.push(stream);
+            }
+        }
+        let (grant, fd) = result?;
+        // From here on the lease is ours to give back, whatever happens.
+        let lease = LeaseGuard { lease_id: grant.lease_id, shared: self.shared.clone() };
+        let ttl = Duration::from_millis(grant.ttl_ms);
+        map_grant(grant, fd, req.len, lease)
+            .map(|bytes| (bytes, ttl))
+            .map_err(|reason| TransportError::Protocol { addr: addr.to_string(), reason })
+    }
+
+    async fn exchange(
+        &self,
+        stream: &mut UnixStream,
+        req: &ReadBlockRequest,
+    ) -> Result<(BlockGrant, OwnedFd), TransportError> {
+        let addr = self.socket.as_str();
+        let io = |source| TransportError::Io { addr: addr.to_string(), source };
+        let protocol = |reason: String| TransportError::Protocol { addr: addr.to_string(), reason };
+        let mut out = encode_releases(&self.shared.take_releases());
+        out.extend_from_slice(&req.encode_as(Op::OpenBlock));
+        stream.write_all(&out).await.map_err(io)?;
+
+        let mut fds = Vec::new();
+        let mut head = [0u8; RESPONSE_HEADER_LEN];
+        read_exact_with_fds(stream, &mut head, &mut fds).await.map_err(io)?;
+        let head = ResponseHeader::decode(&head).map_err(|e| protocol(e.to_string()))?;
+        if head.req_id != req.req_id {
+            return Err(protocol(format!("response to request {} for request {}", head.req_id, req.req_id)));
+        }
+        match head.status {
+            Err(kind) => {
+                if head.payload_len > MAX_ERROR_MESSAGE as u64 || !fds.is_empty() {
+                    return Err(protocol("malformed error response".into()));
+                }
+                let mut message = vec![0u8; head.payload_len as usize];
+                stream.read_exact(&mut message).await.map_err(io)?;
+                Err(TransportError::Remote {
+                    addr: addr.to_string(),
+                    kind,
+                    message: String::from_utf8_lossy(&message).into_owned(),
+                })
+            }
+            Ok(_) => {
+                if head.payload_len != BlockGrant::ENCODED_LEN as u64 {
+                    return Err(protocol(format!("a grant of {} bytes", head.payload_len)));
+                }
+                let mut body = [0u8; BlockGrant::ENCODED_LEN];
+                read_exact_with_fds(stream, &mut body, &mut fds).await.map_err(io)?;
+                let grant = BlockGrant::decode(&body).map_err(|e| protocol(e.to_string()))?;
+                if fds.len() != 1 {
+                    return Err(protocol(format!("a grant with {} descriptors", fds.len())));
+                }
+                Ok((grant, fds.pop().expect("one descriptor")))
+            }
+        }
+    }
+}
+
+/// Maps exactly the granted range of `fd` read-only, after checking that the grant is what
+/// was asked for and lies inside a file that cannot shrink under the mapping.
+fn map_grant(grant: BlockGrant, fd: OwnedFd, want: u64, lease: LeaseGuard) -> Result<Bytes, String> {
+    let GrantHandle::Fd { offset } = grant.handle else {
+        return Err("a grant without a file descriptor".into());
+    };
+    if grant.len != want || want == 0 {
+        return Err(format!("a grant of {} bytes for a read of {want}", grant.len));
+    }
+    let len = usize::try_from(want).map_err(|_| "a grant larger than the address space".to_string())?;
+    check_sealed(fd.as_fd())?;
+    let file = File::from(fd);
+    let size = file.metadata().map_err(|e| format!("cannot stat the granted descriptor: {e}"))?.len();
+    if offset.checked_add(want).is_none_or(|end| end > size) {
+        return Err(format!("a grant of {want} bytes at {offset} in a file of {size}"));
+    }
+    // SAFETY: the mapping is read-only and inside the file's current size; the worker never
+    // writes to or truncates a block file it serves (it replaces files by rename) and the
+    // shared memory it passes is sealed against writing and shrinking (checked above), so the
+    // bytes stay as they are for as long as the mapping lives.
+    // Populated up front: the caller reads every byte of the range, and one populate pass is
+    // cheaper than a page fault per few pages.
+    let map = unsafe { memmap2::MmapOptions::new().offset(offset).len(len).populate().map(&file) }
+        .map_err(|e| format!("cannot map the granted descriptor: {e}"))?;
+    // The mapping keeps the file (or shared memory) alive; the descriptor is not needed.
+    drop(file);
+    Ok(Bytes::from_owner(Mapped { map, _lease: lease }))
+}
+
+/// Shared memory must be sealed against writes and shrinking before it is trusted; a regular
+/// file (which cannot carry seals) is trusted as a block file.
+fn check_sealed(fd: BorrowedFd<'_>) -> Result<(), String> {
+    // SAFETY: F_GET_SEALS only reads the descriptor's seal set.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        let err = io::Error::last_os_error();
+        return if err.raw_os_error() == Some(libc::EINVAL) {
+            Ok(())
+        } else {
+            Err(format!("cannot read the descriptor's seals: {err}"))
+        };
+    }
+    let needed = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK;
+    if seals & needed != needed {
+        return Err("shared memory that is not sealed against writes".into());
+    }
+    Ok(())
+}
+
+/// Whether `STRATA_SHORT_CIRCUIT` leaves short-circuit reads on (anything but an explicit off).
+pub(crate) fn enabled_by_env() -> bool {
+    std::env::var(SHORT_CIRCUIT_ENV)
+        .map(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "off" | "no"))
+        .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Seek, Write};
+
+    use super::*;
+
+    fn pair() -> (UnixStream, UnixStream) {
+        UnixStream::pair().unwrap()
+    }
+
+    fn file_with(bytes: &[u8]) -> File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.rewind().unwrap();
+        f
+    }
+
+    #[tokio::test]
+    async fn a_descriptor_travels_with_the_first_byte_and_names_the_same_file() {
+        let (mut a, b) = pair();
+        let file = file_with(b"hello, block");
+        write_all_with_fd(&mut a, b"0123456789", file.as_fd()).await.unwrap();
+        let mut fds = Vec::new();
+        let mut first = [0u8; 4];
+        read_exact_with_fds(&b, &mut first, &mut fds).await.unwrap();
+        assert_eq!(&first, b"0123");
+        assert_eq!(fds.len(), 1, "the descriptor arrives with the first bytes");
+        let mut rest = [0u8; 6];
+        read_exact_with_fds(&b, &mut rest, &mut fds).await.unwrap();
+        assert_eq!(&rest, b"456789");
+        assert_eq!(fds.len(), 1, "and only once");
+        let got = File::from(fds.pop().unwrap());
+        let mut buf = [0u8; 12];
+        std::os::unix::fs::FileExt::read_exact_at(&got, &mut buf, 0).unwrap();
+        assert_eq!(&buf, b"hello, block");
+    }
+
+    #[tokio::test]
+    async fn plain_bytes_carry_no_descriptor_and_eof_is_an_error() {
+        let (mut a, b) = pair();
+        a.write_all(b"xy").await.unwrap();
+        drop(a);
+        let mut fds = Vec::new();
+        let mut buf = [0u8; 2];
+        read_exact_with_fds(&b, &mut buf, &mut fds).await.unwrap();
+        assert!(fds.is_empty());
+        let err = read_exact_with_fds(&b, &mut buf, &mut fds).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn sending_a_descriptor_to_a_closed_peer_fails_without_a_signal() {
+        let (mut a, b) = pair();
+        drop(b);
+        let file = file_with(b"x");
+        assert!(write_all_with_fd(&mut a, b"abc", file.as_fd()).await.is_err());
+    }
+
+    fn guard() -> LeaseGuard {
+        let shared =
+            Arc::new(Shared { idle: Mutex::new(Vec::new()), releases: Mutex::new(Vec::new()), max_idle: 1 });
+        LeaseGuard { lease_id: 7, shared }
+    }
+
+    fn grant(offset: u64, len: u64) -> BlockGrant {
+        BlockGrant { lease_id: 7, ttl_ms: 1000, len, handle: GrantHandle::Fd { offset } }
+    }
+
+    #[test]
+    fn a_grant_maps_exactly_its_range_and_outlives_the_file() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("block");
+        std::fs::write(&path, &data).unwrap();
+        let fd = OwnedFd::from(File::open(&path).unwrap());
+        let bytes = map_grant(grant(4097, 3001), fd, 3001, guard()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(&bytes[..], &data[4097..7098], "the unlinked file's bytes are still mapped");
+    }
+
+    #[test]
+    fn a_grant_past_the_end_or_of_the_wrong_size_or_unsealed_is_refused() {
+        let fd = || OwnedFd::from(file_with(&[1u8; 100]));
+        assert!(map_grant(grant(90, 20), fd(), 20, guard()).unwrap_err().contains("in a file of 100"));
+        assert!(map_grant(grant(0, 20), fd(), 10, guard()).is_err());
+        let rdma = BlockGrant { handle: GrantHandle::Rdma { addr: 0, rkey: 1 }, ..grant(0, 10) };
+        assert!(map_grant(rdma, fd(), 10, guard()).is_err());
+        // Shared memory without seals could change under the reader.
+        // SAFETY: a valid NUL-terminated name.
+        let raw =
+            unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0);
+        // SAFETY: memfd_create returned a new descriptor we own.
+        let mut shm = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        shm.write_all(&[5u8; 64]).unwrap();
+        let unsealed = shm.try_clone().unwrap();
+        assert!(map_grant(grant(0, 64), unsealed.into(), 64, guard()).unwrap_err().contains("sealed"));
+        let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        // SAFETY: F_ADD_SEALS on a memfd we own.
+        assert_eq!(unsafe { libc::fcntl(shm.as_raw_fd(), libc::F_ADD_SEALS, seals) }, 0);
+        assert_eq!(&map_grant(grant(8, 16), shm.into(), 16, guard()).unwrap()[..], &[5u8; 16]);
+    }
+
+    #[test]
+    fn the_mapping_cache_keeps_its_limit_and_never_serves_an_expired_block() {
+        let mut cache = MapCache { limit: 100, used: 0, tick: 0, blocks: HashMap::new() };
+        let key = |i: u64| ("/p".to_string(), "v".to_string(), 64, i);
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut dropped = Vec::new();
+        cache.insert(key(1), Bytes::from(vec![1u8; 40]), later, &mut dropped);
+        cache.insert(key(2), Bytes::from(vec![2u8; 40]), later, &mut dropped);
+        assert_eq!(cache.get(&key(1), &mut dropped).unwrap()[0], 1);
+        cache.insert(key(3), Bytes::from(vec![3u8; 40]), later, &mut dropped);
+        assert_eq!(cache.used, 80);
+        assert_eq!(dropped.len(), 1, "the least recently used block went");
+        assert!(cache.get(&key(2), &mut dropped).is_none());
+        // A concurrent second mapping of a kept block is dropped; the first one is served.
+        let kept = cache.insert(key(1), Bytes::from(vec![9u8; 40]), later, &mut dropped);
+        assert_eq!(kept[0], 1);
+        // Past its time a block is not served, and is let go.
+        let past = Instant::now();
+        cache.insert(key(4), Bytes::from(vec![4u8; 10]), past, &mut dropped);
+        let before = dropped.len();
+        assert!(cache.get(&key(4), &mut dropped).is_none());
+        assert_eq!(dropped.len(), before + 1);
+        assert_eq!(cache.used, 80);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_bytes_sends_the_release_on_an_idle_connection() {
+        let (a, mut b) = pair();
+        let shared =
+            Arc::new(Shared { idle: Mutex::new(vec![a]), releases: Mutex::new(Vec::new()), max_idle: 1 });
+        let fd = OwnedFd::from(file_with(&[3u8; 50]));
+        let bytes =
+            map_grant(grant(0, 50), fd, 50, LeaseGuard { lease_id: 41, shared: shared.clone() }).unwrap();
+        let slice = bytes.slice(10..20);
+        drop(bytes);
+        assert!(shared.releases.lock().unwrap().is_empty());
+        drop(slice);
+        let mut frame = vec![0u8; LeaseRelease { lease_id: 41 }.encode().len()];
+        b.read_exact(&mut frame).await.unwrap();
+        assert_eq!(frame, LeaseRelease { lease_id: 41 }.encode());
+
+        // No idle connection: the release waits for the next request.
+        shared.idle.lock().unwrap().clear();
+        shared.release(42);
+        assert_eq!(shared.take_releases(), vec![42]);
+    }
+}
