@@ -243,22 +243,12 @@ async fn connection<S: GrantStream + SendFile>(mut stream: S, store: Arc<BlockSt
         let started = Instant::now();
         match store.read_payload(&req).await {
             Ok((payload, source)) => {
-                let head =
-                    ResponseHeader { status: Ok(source), req_id: req.req_id, payload_len: payload.len() }
-                        .encode();
                 match payload {
-                    Payload::Bytes(bytes) if bytes.len() <= COALESCE_LIMIT => {
-                        let mut out = Vec::with_capacity(head.len() + bytes.len());
-                        out.extend_from_slice(&head);
-                        out.extend_from_slice(&bytes);
-                        stream.write_all(&out).await?;
-                    }
-                    Payload::Bytes(bytes) => {
-                        stream.write_all(&head).await?;
-                        stream.write_all(&bytes).await?;
-                    }
+                    Payload::Bytes(bytes) => send_data(&mut stream, req.req_id, source, &bytes).await?,
                     Payload::File { file, offset, len } => {
-                        stream.write_all(&head).await?;
+                        let head =
+                            ResponseHeader { status: Ok(source), req_id: req.req_id, payload_len: len };
+                        stream.write_all(&head.encode()).await?;
                         stream.send_file(&file, offset, len).await?;
                         metrics::counter!(m::ZERO_COPY_BYTES).increment(len);
                     }
@@ -276,6 +266,43 @@ async fn connection<S: GrantStream + SendFile>(mut stream: S, store: Arc<BlockSt
                 send_error(&mut stream, req.req_id, e.kind(), &e.to_string()).await?;
             }
         }
+    }
+}
+
+/// Reads a request body of `body_len` bytes and decodes it. A malformed one is answered as a
+/// malformed frame ([`reject`]: the connection closes) and gives `None`.
+pub(crate) async fn read_body<S, T>(
+    stream: &mut S,
+    body_len: usize,
+    decode: impl FnOnce(&[u8]) -> Result<T, frame::FrameError>,
+) -> std::io::Result<Option<T>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut body = vec![0u8; body_len];
+    stream.read_exact(&mut body).await?;
+    match decode(&body) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) => reject(stream, &e.to_string()).await.map(|()| None),
+    }
+}
+
+/// A data response: the header, then `payload` (in one write when small, else without copying it).
+pub(crate) async fn send_data<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    req_id: u64,
+    source: frame::Source,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let head = ResponseHeader { status: Ok(source), req_id, payload_len: payload.len() as u64 }.encode();
+    if payload.len() <= COALESCE_LIMIT {
+        let mut out = Vec::with_capacity(head.len() + payload.len());
+        out.extend_from_slice(&head);
+        out.extend_from_slice(payload);
+        stream.write_all(&out).await
+    } else {
+        stream.write_all(&head).await?;
+        stream.write_all(payload).await
     }
 }
 

@@ -31,16 +31,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use strata_common::ErrorKind;
 use strata_common::frame::{
-    BlockGrant, GrantHandle, LeaseRelease, RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source,
+    BlockGrant, GrantHandle, LeaseRelease, RdmaEndpoint, ReadBlockRequest, RemoteRead, Source,
 };
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tracing::debug;
 
 use crate::blockstore::BlockStore;
 use crate::config::{RdmaConfig, RdmaMode};
-use crate::dataplane::{GrantStream, reject, send_error};
+use crate::dataplane::{GrantStream, read_body, reject, send_data, send_error};
 use crate::lease::{Lease, LeaseError, Leases};
 use crate::metrics_defs as m;
 
@@ -291,32 +291,10 @@ impl RegisteredMemory for EmulatedMemory {
     }
 }
 
-/// A data response of `payload` (status ok, `source`).
-async fn send_data<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    req_id: u64,
-    source: Source,
-    payload: &[u8],
-) -> std::io::Result<()> {
-    let head = ResponseHeader { status: Ok(source), req_id, payload_len: payload.len() as u64 }.encode();
-    if payload.len() <= 64 * 1024 {
-        let mut out = Vec::with_capacity(head.len() + payload.len());
-        out.extend_from_slice(&head);
-        out.extend_from_slice(payload);
-        stream.write_all(&out).await
-    } else {
-        stream.write_all(&head).await?;
-        stream.write_all(payload).await
-    }
-}
-
 impl GrantStream for TcpStream {
     async fn open_block(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let mut body = vec![0u8; body_len];
-        self.read_exact(&mut body).await?;
-        let req = match ReadBlockRequest::decode_body(&body) {
-            Ok(r) => r,
-            Err(e) => return reject(self, &e.to_string()).await,
+        let Some(req) = read_body(self, body_len, ReadBlockRequest::decode_body).await? else {
+            return Ok(());
         };
         let Some(grants) = store.rdma.get() else {
             return send_error(
@@ -351,11 +329,8 @@ impl GrantStream for TcpStream {
     }
 
     async fn release(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let mut body = vec![0u8; body_len];
-        self.read_exact(&mut body).await?;
-        let rel = match LeaseRelease::decode_body(&body) {
-            Ok(r) => r,
-            Err(e) => return reject(self, &e.to_string()).await,
+        let Some(rel) = read_body(self, body_len, LeaseRelease::decode_body).await? else {
+            return Ok(());
         };
         // No response either way: a lease already over (expired, or never ours) is not an error.
         if let Some(grants) = store.rdma.get() {
@@ -365,11 +340,8 @@ impl GrantStream for TcpStream {
     }
 
     async fn remote_read(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let mut body = vec![0u8; body_len];
-        self.read_exact(&mut body).await?;
-        let rr = match RemoteRead::decode_body(&body) {
-            Ok(r) => r,
-            Err(e) => return reject(self, &e.to_string()).await,
+        let Some(rr) = read_body(self, body_len, RemoteRead::decode_body).await? else {
+            return Ok(());
         };
         let Some(grants) = store.rdma.get() else {
             return send_error(self, rr.req_id, ErrorKind::Unavailable, "RDMA grants are off on this worker")

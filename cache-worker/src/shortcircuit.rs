@@ -32,7 +32,7 @@ use tracing::debug;
 
 use crate::blockstore::{BlockStore, Payload, ServeError};
 use crate::config::WorkerConfig;
-use crate::dataplane::{GrantStream, reject, send_error};
+use crate::dataplane::{GrantStream, read_body, reject, send_error};
 use crate::lease::Leases;
 use crate::metrics_defs as m;
 
@@ -197,11 +197,8 @@ impl GrantError {
 
 impl GrantStream for UnixStream {
     async fn open_block(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let mut body = vec![0u8; body_len];
-        self.read_exact(&mut body).await?;
-        let req = match ReadBlockRequest::decode_body(&body) {
-            Ok(r) => r,
-            Err(e) => return reject(self, &e.to_string()).await,
+        let Some(req) = read_body(self, body_len, ReadBlockRequest::decode_body).await? else {
+            return Ok(());
         };
         let sc = store.short_circuit();
         if !sc.enabled {
