@@ -85,6 +85,22 @@ struct Row {
     extra: Value,
 }
 
+/// A random-read row: ops/s and latency percentiles against `pread` of the same reads.
+fn random_row(name: String, strata: &Latencies, ceiling: &Latencies) -> Row {
+    Row {
+        name,
+        unit: "ops/s",
+        value: strata.ops_per_sec(),
+        ceiling_name: "pread from page cache",
+        ceiling: ceiling.ops_per_sec(),
+        extra: json!({
+            "p50_us": strata.percentile_us(50.0), "p99_us": strata.percentile_us(99.0),
+            "p999_us": strata.percentile_us(99.9),
+            "ceiling_p50_us": ceiling.percentile_us(50.0), "ceiling_p99_us": ceiling.percentile_us(99.0),
+        }),
+    }
+}
+
 fn mib_s(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / MIB as f64 / took.as_secs_f64()
 }
@@ -163,18 +179,7 @@ async fn main() {
             eprintln!("random {} KiB reads at concurrency {concurrency}", len / KIB);
             let strata = random_reads(&client, &info, len, concurrency, run_for, false).await;
             let ceiling = pread_ceiling(&local, size, len, concurrency, run_for);
-            rows.push(Row {
-                name: format!("random {} KiB x{concurrency}", len / KIB),
-                unit: "ops/s",
-                value: strata.ops_per_sec(),
-                ceiling_name: "pread from page cache",
-                ceiling: ceiling.ops_per_sec(),
-                extra: json!({
-                    "p50_us": strata.percentile_us(50.0), "p99_us": strata.percentile_us(99.0),
-                    "p999_us": strata.percentile_us(99.9),
-                    "ceiling_p50_us": ceiling.percentile_us(50.0), "ceiling_p99_us": ceiling.percentile_us(99.0),
-                }),
-            });
+            rows.push(random_row(format!("random {} KiB x{concurrency}", len / KIB), &strata, &ceiling));
         }
     }
 
@@ -549,18 +554,8 @@ async fn short_circuit_rows(
             );
             let strata = random_reads(client, &info, len, concurrency, run_for, true).await;
             let ceiling = pread_ceiling(local, size, len, concurrency, run_for);
-            rows.push(Row {
-                name: format!("random {} KiB x{concurrency}, short-circuit, {how} ({tier})", len / KIB),
-                unit: "ops/s",
-                value: strata.ops_per_sec(),
-                ceiling_name: "pread from page cache",
-                ceiling: ceiling.ops_per_sec(),
-                extra: json!({
-                    "p50_us": strata.percentile_us(50.0), "p99_us": strata.percentile_us(99.0),
-                    "p999_us": strata.percentile_us(99.9),
-                    "ceiling_p50_us": ceiling.percentile_us(50.0), "ceiling_p99_us": ceiling.percentile_us(99.0),
-                }),
-            });
+            let name = format!("random {} KiB x{concurrency}, short-circuit, {how} ({tier})", len / KIB);
+            rows.push(random_row(name, &strata, &ceiling));
         }
         sidecar.shutdown().await;
     }
