@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The stratafs pytest suite, sourced by the repository's test.sh after the Rust tests (which
-# built target/debug/strata). Installs its Python tools into a venv under target/ (nothing from
-# the machine's site-packages), builds the extension with cargo's dev profile into the
-# workspace's target dir, and runs pytest over the `strata` binary the test build produced.
+# built target/debug/strata). Installs its Python tools into a venv cached under $HOME
+# (~/.cache/strata-tools/py-venv: torch from PyPI is the CUDA build, 2.8 GB to download and
+# 5-6 GB installed, so it is installed once, never into the repository; nothing comes from the
+# machine's site-packages), builds the extension with cargo's dev profile into the workspace's
+# target dir, and runs pytest over the `strata` binary the test build produced.
 
 stratafs_tests() {
   local root venv py
   root="$(pwd)"
-  venv="$root/target/stratafs-venv"
+  venv="${STRATA_TOOLS_DIR:-$HOME/.cache/strata-tools}/py-venv"
   py="$venv/bin/python"
   local pip=("$py" -m pip)
   if [ ! -x "$py" ] && ! python3 -m venv "$venv"; then
@@ -18,7 +20,7 @@ stratafs_tests() {
   if ! "$py" -m pip --version >/dev/null 2>&1; then
     pip=(python3 -m pip --python "$py")
   fi
-  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pyarrow pandas
+  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pyarrow pandas torch
   # The dev profile and the shared target dir reuse the dependencies the test build compiled
   # (those whose features agree: cargo unifies features per invocation, so crates that other
   # workspace members enable extra features of are compiled once more for this build).

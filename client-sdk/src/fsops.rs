@@ -75,7 +75,7 @@ impl Client {
                         client: self.clone(),
                         path: p,
                         addr: owner.data_addr.clone(),
-                        stream: Some(stream),
+                        stream: Some(WriteConn::Live(stream)),
                         gathered: Vec::new(),
                         written: 0,
                     });
@@ -176,9 +176,16 @@ pub struct StrataWriter {
     client: Client,
     path: String,
     addr: String,
-    stream: Option<TcpStream>,
+    stream: Option<WriteConn>,
     gathered: Vec<u8>,
     written: u64,
+}
+
+/// The writer's connection: registered with the runtime, or parked as a plain socket between
+/// calls of a host that may replace its runtime (the Python binding does, around `fork`).
+enum WriteConn {
+    Live(TcpStream),
+    Parked(std::net::TcpStream),
 }
 
 impl StrataWriter {
@@ -193,6 +200,43 @@ impl StrataWriter {
 
     fn timeout(&self) -> Duration {
         self.client.config().request_timeout
+    }
+
+    /// Detaches the connection from the current runtime, so that the runtime can be shut down
+    /// while the write stays open; the next write or `close` attaches it to the runtime it
+    /// runs in. Must be called inside the runtime that owns the connection.
+    pub fn park(&mut self) -> Result<()> {
+        if !matches!(self.stream, Some(WriteConn::Live(_))) {
+            return Ok(());
+        }
+        let Some(WriteConn::Live(stream)) = self.stream.take() else { unreachable!("checked above") };
+        let parked = stream.into_std().map_err(|e| {
+            ClientError::Unavailable(format!("write to {}: cannot detach the connection: {e}", self.addr))
+        })?;
+        self.stream = Some(WriteConn::Parked(parked));
+        Ok(())
+    }
+
+    /// Continues the write with another client (of a new runtime) for the metadata calls at
+    /// `close`; returns the one it used before. Call only while the connection is parked.
+    pub fn rebind(&mut self, client: Client) -> Client {
+        std::mem::replace(&mut self.client, client)
+    }
+
+    /// The connection, attached to the runtime this runs in.
+    fn live_stream(&mut self) -> Result<&mut TcpStream> {
+        let conn =
+            self.stream.take().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
+        let stream = match conn {
+            WriteConn::Live(stream) => stream,
+            WriteConn::Parked(parked) => TcpStream::from_std(parked).map_err(|e| {
+                ClientError::Unavailable(format!("write to {}: cannot attach the connection: {e}", self.addr))
+            })?,
+        };
+        match self.stream.insert(WriteConn::Live(stream)) {
+            WriteConn::Live(stream) => Ok(stream),
+            WriteConn::Parked(_) => unreachable!("just inserted"),
+        }
     }
 
     /// Appends bytes. Small writes are gathered; large ones are sent without a copy.
@@ -220,8 +264,7 @@ impl StrataWriter {
     async fn send(&mut self, mut data: &[u8]) -> Result<()> {
         let addr = self.addr.clone();
         let timeout = self.timeout();
-        let stream =
-            self.stream.as_mut().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
+        let stream = self.live_stream()?;
         while !data.is_empty() {
             let n = data.len().min(MAX_WRITE_CHUNK);
             let frame = async {
@@ -250,8 +293,10 @@ impl StrataWriter {
             let gathered = std::mem::take(&mut self.gathered);
             self.send(&gathered).await?;
         }
-        let mut stream =
-            self.stream.take().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
+        self.live_stream()?;
+        let Some(WriteConn::Live(mut stream)) = self.stream.take() else {
+            unreachable!("live_stream attached it");
+        };
         let addr = self.addr.clone();
         let end = async {
             stream.write_all(&request_header(Op::WriteEnd, 0)).await.map_err(|e| io_err(&addr, e))?;

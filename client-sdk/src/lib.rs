@@ -135,6 +135,7 @@ impl From<strata_proto::FileStatus> for FileInfo {
     }
 }
 
+#[derive(Clone)]
 struct View {
     ring: Ring,
     /// The last ring that had members: when the master (rightly or not) reports no live
@@ -142,6 +143,17 @@ struct View {
     last_members: Ring,
     mounts: Vec<MountInfo>,
     fetched: Instant,
+}
+
+impl View {
+    fn empty() -> Self {
+        Self {
+            ring: Ring::default(),
+            last_members: Ring::default(),
+            mounts: Vec::new(),
+            fetched: Instant::now(),
+        }
+    }
 }
 
 struct Inner {
@@ -172,16 +184,39 @@ impl Client {
     }
 
     pub async fn connect_with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Result<Self> {
-        let unavailable = |e: &dyn std::fmt::Display| {
-            ClientError::MasterUnavailable(format!("cannot reach the master at {}: {e}", config.master_addr))
-        };
-        let endpoint = Endpoint::from_shared(format!("http://{}", config.master_addr))
-            .map_err(|e| {
-                ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr))
-            })?
-            .connect_timeout(config.connect_timeout)
-            .timeout(Duration::from_secs(30));
-        let channel = endpoint.connect().await.map_err(|e| unavailable(&error_chain(&e)))?;
+        let channel = master_endpoint(&config)?.connect().await.map_err(|e| {
+            ClientError::MasterUnavailable(format!(
+                "cannot reach the master at {}: {}",
+                config.master_addr,
+                error_chain(&e)
+            ))
+        })?;
+        let client = Self::assemble(config, transport, channel, View::empty(), HashMap::new());
+        client.refresh_view().await?;
+        Ok(client)
+    }
+
+    /// A client with this one's configuration and cached metadata (membership, mounts, stats)
+    /// and none of its connections, for another tokio runtime: the Python binding makes one
+    /// after a fork shut its runtime down, so the first read after the fork costs a data-plane
+    /// connection, not a master round trip. The master is connected on first use. Call inside
+    /// the runtime that will run it.
+    pub fn with_new_connections(&self) -> Result<Self> {
+        let config = self.inner.config.clone();
+        let channel = master_endpoint(&config)?.connect_lazy();
+        let transport = rdma::transport_for(config.rdma, config.connect_timeout, config.request_timeout);
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(Self::assemble(config, transport, channel, view, stats))
+    }
+
+    fn assemble(
+        config: ClientConfig,
+        transport: Arc<dyn Transport>,
+        channel: Channel,
+        view: View,
+        stats: HashMap<String, (Instant, FileInfo)>,
+    ) -> Self {
         let sidecar = config.sidecar_socket.as_ref().map(|p| {
             let t: Arc<dyn Transport> =
                 Arc::new(UnixTransport::new(config.connect_timeout, config.request_timeout));
@@ -195,25 +230,18 @@ impl Client {
                 config.short_circuit_cache_bytes,
             )
         });
-        let client = Self {
+        Self {
             inner: Arc::new(Inner {
                 master: MasterClient::new(channel),
                 transport,
                 sidecar,
                 short_circuit,
-                view: RwLock::new(View {
-                    ring: Ring::default(),
-                    last_members: Ring::default(),
-                    mounts: Vec::new(),
-                    fetched: Instant::now(),
-                }),
-                stats: Mutex::new(HashMap::new()),
+                view: RwLock::new(view),
+                stats: Mutex::new(stats),
                 failovers: Default::default(),
                 config,
             }),
-        };
-        client.refresh_view().await?;
-        Ok(client)
+        }
     }
 
     /// Block reads that another worker served after the owner failed (as the
@@ -492,6 +520,14 @@ impl Client {
 
 /// Where a block read was served from, re-exported for callers that measure it.
 pub type BlockSource = Source;
+
+/// The master's gRPC endpoint with the client's timeouts.
+fn master_endpoint(config: &ClientConfig) -> Result<Endpoint> {
+    Ok(Endpoint::from_shared(format!("http://{}", config.master_addr))
+        .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))?
+        .connect_timeout(config.connect_timeout)
+        .timeout(Duration::from_secs(30)))
+}
 
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

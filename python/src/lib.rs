@@ -6,15 +6,18 @@
 //!   GIL is released, so a thread waiting for a lock never holds the GIL someone else needs.
 //! - **At most one copy into Python**: block bytes are copied once, straight into the `bytes`
 //!   object being built or into the caller's buffer (`readinto`).
-//! - **Fork safety**: the tokio runtime and every connection belong to the process that made
-//!   them. Each call compares the pid with the one its state was built in; in a forked child
-//!   the inherited runtime, client and connections are leaked (never used, never dropped:
-//!   dropping would join threads and take locks that do not exist in the child) and new ones
-//!   are built lazily. Placement is the Rust ring, so every process agrees on it.
+//! - **Fork safety by construction** (`process`): every piece of Rust work runs inside a
+//!   *section* of the process's runtime, and no section and no runtime thread runs at the instant
+//!   of a `fork`: the `os.register_at_fork` hook waits for the sections and shuts the runtime
+//!   down first. Clients, readers and writers remember the runtime generation they were made in
+//!   and rebuild their runtime state from plain state (address, file and position) when it
+//!   changed. Any lock besides the GIL is taken only inside a section, so none is held at a fork.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+mod process;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{
@@ -24,7 +27,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use strata_client::{ClientConfig, ClientError, FileInfo, StrataReader, StrataWriter};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::io::{AsyncReadExt, AsyncSeek};
 use tokio::runtime::Runtime;
 
 /// Largest window `get_file` reads at once (blocks of it are fetched in parallel).
@@ -49,62 +52,58 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The runtime and client of one process.
-struct Proc {
-    pid: u32,
-    rt: Arc<Runtime>,
-    client: strata_client::Client,
-}
-
-/// What a `Client` and the files it opened share.
+/// What a `Client` and the files it opened share: the master's address and the client of the
+/// current runtime generation (connected on first use in each generation).
 struct Shared {
     master: String,
-    proc_: Mutex<Option<Proc>>,
+    client: Mutex<Option<(u64, strata_client::Client)>>,
 }
 
 impl Shared {
-    /// This process's runtime and client, built on first use and again after a fork. Called
-    /// without the GIL.
-    fn get(&self) -> PyResult<(Arc<Runtime>, strata_client::Client)> {
-        let pid = std::process::id();
-        let mut guard = lock(&self.proc_);
-        if let Some(p) = guard.as_ref()
-            && p.pid == pid
-        {
-            return Ok((p.rt.clone(), p.client.clone()));
-        }
-        if let Some(inherited) = guard.take() {
-            // Built by our parent before a fork: its threads are gone here.
-            std::mem::forget(inherited);
-        }
-        let rt = Arc::new(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("strata-py")
-                .enable_all()
-                .build()
-                .map_err(|e| PyOSError::new_err(format!("cannot start the I/O runtime: {e}")))?,
-        );
-        let client = rt.block_on(strata_client::Client::connect(ClientConfig::new(self.master.clone())));
-        let client = client.map_err(to_py)?;
-        *guard = Some(Proc { pid, rt: rt.clone(), client: client.clone() });
-        Ok((rt, client))
+    /// Runs `f` in a section (see `process`) with this process's runtime, a client of its
+    /// generation, and the generation. Call without the GIL.
+    fn run<T>(&self, f: impl FnOnce(&Runtime, &strata_client::Client, u64) -> PyResult<T>) -> PyResult<T> {
+        process::section(|rt, generation| {
+            let client = self.client(rt, generation)?;
+            f(rt, &client, generation)
+        })
     }
 
-    fn pid(&self) -> Option<u32> {
-        lock(&self.proc_).as_ref().map(|p| p.pid)
+    /// The client of `generation`, connected now if the one we have is older. Inside a section.
+    fn client(&self, rt: &Runtime, generation: u64) -> PyResult<strata_client::Client> {
+        let mut slot = lock(&self.client);
+        if let Some((g, c)) = slot.as_ref()
+            && *g == generation
+        {
+            return Ok(c.clone());
+        }
+        let client = match slot.take() {
+            // After a fork: the same configuration and cached metadata, new connections.
+            Some((g, old)) if process::is_shut_down(g) => {
+                let fresh = {
+                    let _in_runtime = rt.enter();
+                    old.with_new_connections()
+                };
+                process::dispose(g, old);
+                fresh.map_err(to_py)?
+            }
+            inherited => {
+                if let Some((g, old)) = inherited {
+                    process::dispose(g, old);
+                }
+                rt.block_on(strata_client::Client::connect(ClientConfig::new(self.master.clone())))
+                    .map_err(to_py)?
+            }
+        };
+        *slot = Some((generation, client.clone()));
+        Ok(client)
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let slot = self.proc_.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = slot.take()
-            && p.pid != std::process::id()
-        {
-            // Inherited through a fork (a filesystem the child never used, collected there):
-            // dropping the runtime would wait for worker threads that do not exist here.
-            std::mem::forget(p);
+        if let Some((g, c)) = self.client.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            process::dispose(g, c);
         }
     }
 }
@@ -186,8 +185,8 @@ impl Client {
     /// Connects at once, so a wrong address fails here.
     #[new]
     fn new(py: Python<'_>, master: String) -> PyResult<Self> {
-        let shared = Arc::new(Shared { master, proc_: Mutex::new(None) });
-        py.detach(|| shared.get().map(|_| ()))?;
+        let shared = Arc::new(Shared { master, client: Mutex::new(None) });
+        py.detach(|| shared.run(|_, _, _| Ok(())))?;
         Ok(Self { shared })
     }
 
@@ -196,25 +195,28 @@ impl Client {
         self.shared.master.clone()
     }
 
-    /// The pid this client's runtime and connections were built in (None before first use).
-    fn runtime_pid(&self) -> Option<u32> {
-        self.shared.pid()
+    /// The pid of the process whose runtime this client's connections belong to: this one once
+    /// it was used here, None before (and after a fork, until its next call).
+    fn runtime_pid(&self, py: Python<'_>) -> Option<u32> {
+        py.detach(|| {
+            process::guarded(|| {
+                lock(&self.shared.client)
+                    .as_ref()
+                    .filter(|(g, _)| process::is_current(*g))
+                    .map(|_| std::process::id())
+            })
+        })
     }
 
     #[pyo3(signature = (path, sync=false))]
     fn stat<'py>(&self, py: Python<'py>, path: &str, sync: bool) -> PyResult<Bound<'py, PyDict>> {
-        let info = py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(c.stat_with(path, sync)).map_err(to_py)
-        })?;
+        let info =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.stat_with(path, sync)).map_err(to_py)))?;
         info_dict(py, &info)
     }
 
     fn ls<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyList>> {
-        let entries = py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(c.list(path)).map_err(to_py)
-        })?;
+        let entries = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.list(path)).map_err(to_py)))?;
         let out = PyList::empty(py);
         for e in &entries {
             out.append(info_dict(py, e)?)?;
@@ -233,20 +235,19 @@ impl Client {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let mut sync = false;
         loop {
-            let (rt, c, info) = py.detach(|| {
-                let (rt, c) = self.shared.get()?;
-                let info = rt.block_on(c.stat_with(path, sync)).map_err(to_py)?;
-                Ok::<_, PyErr>((rt, c, info))
-            })?;
+            let info = py
+                .detach(|| self.shared.run(|rt, c, _| rt.block_on(c.stat_with(path, sync)).map_err(to_py)))?;
             if info.is_dir {
                 return Err(PyIsADirectoryError::new_err(format!("is a directory: {}", info.path)));
             }
             let (offset, len) = byte_range(info.size, start, end);
             let mut changed = false;
             let result = bytes_filled(py, len, |buf| {
-                rt.block_on(c.read_into(&info, offset, buf)).map_err(|e| {
-                    changed = matches!(e, ClientError::Changed(_));
-                    to_py(e)
+                self.shared.run(|rt, c, _| {
+                    rt.block_on(c.read_into(&info, offset, buf)).map_err(|e| {
+                        changed = matches!(e, ClientError::Changed(_));
+                        to_py(e)
+                    })
                 })
             });
             match result {
@@ -268,16 +269,17 @@ impl Client {
         if paths.len() != starts.len() || paths.len() != ends.len() {
             return Err(PyValueError::new_err("paths, starts and ends must have the same length"));
         }
-        let (rt, c, infos) = py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            let infos = rt.block_on(async {
-                let mut out = Vec::with_capacity(paths.len());
-                for p in &paths {
-                    out.push(c.stat(p).await?);
-                }
-                Ok::<_, ClientError>(out)
-            });
-            Ok::<_, PyErr>((rt, c, infos.map_err(to_py)?))
+        let infos = py.detach(|| {
+            self.shared.run(|rt, c, _| {
+                rt.block_on(async {
+                    let mut out = Vec::with_capacity(paths.len());
+                    for p in &paths {
+                        out.push(c.stat(p).await?);
+                    }
+                    Ok::<_, ClientError>(out)
+                })
+                .map_err(to_py)
+            })
         })?;
         let mut outs = Vec::with_capacity(paths.len());
         let mut jobs = Vec::with_capacity(paths.len());
@@ -294,44 +296,47 @@ impl Client {
             outs.push(b);
         }
         py.detach(|| {
-            rt.block_on(async {
-                let tasks = jobs.iter().map(|&(i, offset, len, ptr)| {
-                    let c = &c;
-                    let info = &infos[i];
-                    async move {
-                        // SAFETY: see above; each job writes its own object, and the objects
-                        // outlive this block (they are in `outs`, held by this frame).
-                        let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
-                        c.read_into(info, offset, buf).await
-                    }
-                });
-                futures_lite_join(tasks).await
+            self.shared.run(|rt, c, _| {
+                rt.block_on(async {
+                    let tasks = jobs.iter().map(|&(i, offset, len, ptr)| {
+                        let info = &infos[i];
+                        async move {
+                            // SAFETY: see above; each job writes its own object, and the objects
+                            // outlive this block (they are in `outs`, held by this frame).
+                            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
+                            c.read_into(info, offset, buf).await
+                        }
+                    });
+                    futures_lite_join(tasks).await
+                })
+                .map_err(to_py)
             })
-        })
-        .map_err(to_py)?;
+        })?;
         Ok(outs)
     }
 
     /// A seekable reader pinned to the current version of the file.
     fn open_read(&self, py: Python<'_>, path: &str) -> PyResult<Reader> {
-        let info = py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(c.stat(path)).map_err(to_py)
-        })?;
+        let info = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.stat(path)).map_err(to_py)))?;
         if info.is_dir {
             return Err(PyIsADirectoryError::new_err(format!("is a directory: {}", info.path)));
         }
         Ok(Reader {
             shared: self.shared.clone(),
-            state: Mutex::new(ReaderState { info, reader: None, pos: 0 }),
+            info,
+            state: Mutex::new(ReaderState { reader: None, pos: 0 }),
         })
     }
 
     /// A writer replacing the file when it is closed.
     fn open_write(&self, py: Python<'_>, path: &str) -> PyResult<Writer> {
         let w = py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(c.create(path)).map_err(to_py)
+            self.shared.run(|rt, c, generation| {
+                let mut w = rt.block_on(c.create(path)).map_err(to_py)?;
+                let _in_runtime = rt.enter();
+                w.park().map_err(to_py)?;
+                Ok((generation, w))
+            })
         })?;
         Ok(Writer {
             shared: self.shared.clone(),
@@ -344,22 +349,23 @@ impl Client {
     /// Copies a file to a local path; returns the bytes copied.
     fn get_file(&self, py: Python<'_>, rpath: &str, lpath: &str) -> PyResult<u64> {
         py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            let info = rt.block_on(c.stat(rpath)).map_err(to_py)?;
-            if info.is_dir {
-                return Err(PyIsADirectoryError::new_err(format!("is a directory: {}", info.path)));
-            }
-            let mut out = File::create(lpath)?;
-            let mut buf = vec![0u8; info.size.min(GET_WINDOW) as usize];
-            let mut offset = 0;
-            while offset < info.size {
-                let n = (info.size - offset).min(GET_WINDOW) as usize;
-                rt.block_on(c.read_into(&info, offset, &mut buf[..n])).map_err(to_py)?;
-                out.write_all(&buf[..n])?;
-                offset += n as u64;
-            }
-            out.flush()?;
-            Ok(info.size)
+            self.shared.run(|rt, c, _| {
+                let info = rt.block_on(c.stat(rpath)).map_err(to_py)?;
+                if info.is_dir {
+                    return Err(PyIsADirectoryError::new_err(format!("is a directory: {}", info.path)));
+                }
+                let mut out = File::create(lpath)?;
+                let mut buf = vec![0u8; info.size.min(GET_WINDOW) as usize];
+                let mut offset = 0;
+                while offset < info.size {
+                    let n = (info.size - offset).min(GET_WINDOW) as usize;
+                    rt.block_on(c.read_into(&info, offset, &mut buf[..n])).map_err(to_py)?;
+                    out.write_all(&buf[..n])?;
+                    offset += n as u64;
+                }
+                out.flush()?;
+                Ok(info.size)
+            })
         })
     }
 
@@ -367,17 +373,18 @@ impl Client {
     fn put_file<'py>(&self, py: Python<'py>, lpath: &str, rpath: &str) -> PyResult<Bound<'py, PyDict>> {
         let info = py.detach(|| {
             let mut src = File::open(lpath)?;
-            let (rt, c) = self.shared.get()?;
-            let mut w = rt.block_on(c.create(rpath)).map_err(to_py)?;
-            let mut buf = vec![0u8; PUT_CHUNK];
-            loop {
-                let n = src.read(&mut buf)?;
-                if n == 0 {
-                    break;
+            self.shared.run(|rt, c, _| {
+                let mut w = rt.block_on(c.create(rpath)).map_err(to_py)?;
+                let mut buf = vec![0u8; PUT_CHUNK];
+                loop {
+                    let n = src.read(&mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    rt.block_on(w.write(&buf[..n])).map_err(to_py)?;
                 }
-                rt.block_on(w.write(&buf[..n])).map_err(to_py)?;
-            }
-            rt.block_on(w.close()).map_err(to_py)
+                rt.block_on(w.close()).map_err(to_py)
+            })
         })?;
         info_dict(py, &info)
     }
@@ -389,13 +396,14 @@ impl Client {
             // SAFETY: `data` holds the buffer export (its memory stays put) until after this
             // closure returns; we only read it.
             let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(async {
-                let mut w = c.create(path).await?;
-                w.write(bytes).await?;
-                w.close().await
+            self.shared.run(|rt, c, _| {
+                rt.block_on(async {
+                    let mut w = c.create(path).await?;
+                    w.write(bytes).await?;
+                    w.close().await
+                })
+                .map_err(to_py)
             })
-            .map_err(to_py)
         })?;
         drop(data);
         info_dict(py, &info)
@@ -403,36 +411,34 @@ impl Client {
 
     #[pyo3(signature = (path, recursive=false))]
     fn rm(&self, py: Python<'_>, path: &str, recursive: bool) -> PyResult<()> {
-        py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(c.delete(path, recursive)).map_err(to_py)
-        })
+        py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.delete(path, recursive)).map_err(to_py)))
     }
 
     fn mkdir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
-        py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(c.mkdir(path)).map_err(to_py)
-        })
+        py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.mkdir(path)).map_err(to_py)))
     }
 
     /// Worker ids that hold (first) each block of a file, from the placement ring: the same
     /// in every process that sees the same membership.
     fn placement(&self, py: Python<'_>, path: &str) -> PyResult<Vec<String>> {
         py.detach(|| {
-            let (rt, c) = self.shared.get()?;
-            rt.block_on(async {
-                let info = c.stat(path).await?;
-                let ring = c.ring().await?;
-                let blocks = strata_common::block::block_count(info.size, info.block_size);
-                Ok((0..blocks)
-                    .map(|i| {
-                        let key = strata_common::BlockKey::new(info.file_id.clone(), info.version.clone(), i);
-                        ring.owners(key.placement_hash(), 1).first().map_or(String::new(), |m| m.id.clone())
-                    })
-                    .collect())
+            self.shared.run(|rt, c, _| {
+                rt.block_on(async {
+                    let info = c.stat(path).await?;
+                    let ring = c.ring().await?;
+                    let blocks = strata_common::block::block_count(info.size, info.block_size);
+                    Ok((0..blocks)
+                        .map(|i| {
+                            let key =
+                                strata_common::BlockKey::new(info.file_id.clone(), info.version.clone(), i);
+                            ring.owners(key.placement_hash(), 1)
+                                .first()
+                                .map_or(String::new(), |m| m.id.clone())
+                        })
+                        .collect())
+                })
+                .map_err(to_py)
             })
-            .map_err(to_py)
         })
     }
 }
@@ -448,58 +454,38 @@ where
 }
 
 struct ReaderState {
-    info: FileInfo,
-    /// The streaming reader, with this process's pid (rebuilt after a fork).
-    reader: Option<(u32, StrataReader)>,
+    /// The streaming reader and the runtime generation it belongs to (rebuilt at `pos` in a
+    /// new one).
+    reader: Option<(u64, StrataReader)>,
     pos: u64,
 }
 
 impl Drop for ReaderState {
     fn drop(&mut self) {
-        if let Some((pid, r)) = self.reader.take()
-            && pid != std::process::id()
-        {
-            // Its readahead tasks belong to the parent's runtime (see `Shared::drop`).
-            std::mem::forget(r);
+        if let Some((g, r)) = self.reader.take() {
+            process::dispose(g, r);
         }
     }
 }
 
 impl ReaderState {
-    fn reader(&mut self, shared: &Shared) -> PyResult<(Arc<Runtime>, &mut StrataReader)> {
-        let pid = std::process::id();
-        let (rt, client) = shared.get()?;
-        if self.reader.as_ref().is_some_and(|(p, _)| *p != pid)
-            && let Some(inherited) = self.reader.take()
-        {
-            // Its readahead tasks live in the parent's runtime.
-            std::mem::forget(inherited);
+    /// The streaming reader of this generation. Inside a section.
+    fn reader(
+        &mut self,
+        info: &FileInfo,
+        client: &strata_client::Client,
+        generation: u64,
+    ) -> PyResult<&mut StrataReader> {
+        if let Some((g, old)) = self.reader.take_if(|(g, _)| *g != generation) {
+            // Its readahead tasks and connections belonged to a runtime that is gone.
+            process::dispose(g, old);
         }
         if self.reader.is_none() {
-            let mut r = client.reader_of(self.info.clone());
-            rt.block_on(r.seek(std::io::SeekFrom::Start(self.pos)))?;
-            self.reader = Some((pid, r));
+            let mut r = client.reader_of(info.clone());
+            std::pin::Pin::new(&mut r).start_seek(std::io::SeekFrom::Start(self.pos))?;
+            self.reader = Some((generation, r));
         }
-        let (_, r) = self.reader.as_mut().expect("just set");
-        Ok((rt, r))
-    }
-
-    /// Fills `buf` from the current position (less at the end of the file); returns the count.
-    fn read_into(&mut self, shared: &Shared, buf: &mut [u8]) -> PyResult<usize> {
-        let (rt, r) = self.reader(shared)?;
-        let n = rt.block_on(async {
-            let mut n = 0;
-            while n < buf.len() {
-                let got = r.read(&mut buf[n..]).await?;
-                if got == 0 {
-                    break;
-                }
-                n += got;
-            }
-            Ok::<_, std::io::Error>(n)
-        })?;
-        self.pos += n as u64;
-        Ok(n)
+        Ok(&mut self.reader.as_mut().expect("just set").1)
     }
 }
 
@@ -507,62 +493,91 @@ impl ReaderState {
 #[pyclass(module = "stratafs._native", frozen)]
 struct Reader {
     shared: Arc<Shared>,
+    info: FileInfo,
     state: Mutex<ReaderState>,
+}
+
+impl Reader {
+    /// Fills `buf` from the current position (less at the end of the file); returns the count.
+    /// Without the GIL.
+    fn read_into(&self, buf: &mut [u8]) -> PyResult<usize> {
+        self.shared.run(|rt, c, generation| {
+            let mut s = lock(&self.state);
+            let r = s.reader(&self.info, c, generation)?;
+            let n = rt.block_on(async {
+                let mut n = 0;
+                while n < buf.len() {
+                    let got = r.read(&mut buf[n..]).await?;
+                    if got == 0 {
+                        break;
+                    }
+                    n += got;
+                }
+                Ok::<_, std::io::Error>(n)
+            })?;
+            s.pos += n as u64;
+            Ok(n)
+        })
+    }
+
+    /// The position, read without the GIL (a read in another thread holds the state).
+    fn position(&self, py: Python<'_>) -> u64 {
+        py.detach(|| process::guarded(|| lock(&self.state).pos))
+    }
 }
 
 #[pymethods]
 impl Reader {
     #[getter]
     fn size(&self) -> u64 {
-        lock(&self.state).info.size
+        self.info.size
     }
 
     #[getter]
     fn version(&self) -> String {
-        lock(&self.state).info.version.clone()
+        self.info.version.clone()
     }
 
-    fn tell(&self) -> u64 {
-        lock(&self.state).pos
+    fn tell(&self, py: Python<'_>) -> u64 {
+        self.position(py)
     }
 
     /// Moves to `offset` relative to `whence` (0 start, 1 current, 2 end).
     #[pyo3(signature = (offset, whence=0))]
-    fn seek(&self, offset: i64, whence: i32) -> PyResult<u64> {
-        let mut s = lock(&self.state);
-        let base = match whence {
-            0 => 0,
-            1 => s.pos as i64,
-            2 => s.info.size as i64,
-            _ => return Err(PyValueError::new_err(format!("invalid whence ({whence})"))),
-        };
-        let target = base.checked_add(offset).filter(|t| *t >= 0).ok_or_else(|| {
-            PyValueError::new_err(format!("negative seek position {}", base.saturating_add(offset)))
-        })? as u64;
-        s.pos = target;
-        let pid = std::process::id();
-        if let Some((p, r)) = s.reader.as_mut()
-            && *p == pid
-        {
-            // Only moves the reader's position: blocks are fetched at the next read.
-            let (rt, _) = self.shared.get()?;
-            rt.block_on(r.seek(std::io::SeekFrom::Start(target)))?;
-        }
-        Ok(target)
+    fn seek(&self, py: Python<'_>, offset: i64, whence: i32) -> PyResult<u64> {
+        let size = self.info.size;
+        py.detach(|| {
+            process::guarded(|| {
+                let mut s = lock(&self.state);
+                let base = match whence {
+                    0 => 0,
+                    1 => s.pos as i64,
+                    2 => size as i64,
+                    _ => return Err(PyValueError::new_err(format!("invalid whence ({whence})"))),
+                };
+                let target = base.checked_add(offset).filter(|t| *t >= 0).ok_or_else(|| {
+                    PyValueError::new_err(format!("negative seek position {}", base.saturating_add(offset)))
+                })? as u64;
+                s.pos = target;
+                if let Some((g, r)) = s.reader.as_mut()
+                    && process::is_current(*g)
+                {
+                    // Only moves the reader's position: blocks are fetched at the next read.
+                    std::pin::Pin::new(r).start_seek(std::io::SeekFrom::Start(target))?;
+                }
+                Ok(target)
+            })
+        })
     }
 
     /// Up to `size` bytes (all the rest when negative) as `bytes`.
     #[pyo3(signature = (size=-1))]
     fn read<'py>(&self, py: Python<'py>, size: i64) -> PyResult<Bound<'py, PyBytes>> {
-        let (pos, file_size) = py.detach(|| {
-            let s = lock(&self.state);
-            (s.pos, s.info.size)
-        });
-        let left = file_size.saturating_sub(pos);
+        let left = self.info.size.saturating_sub(self.position(py));
         let want = if size < 0 { left } else { (size as u64).min(left) };
         let mut got = 0;
         let b = bytes_filled(py, want, |buf| {
-            got = lock(&self.state).read_into(&self.shared, buf)?;
+            got = self.read_into(buf)?;
             Ok(())
         })?;
         if got as u64 == want {
@@ -581,60 +596,86 @@ impl Reader {
             // SAFETY: `buffer` keeps the export (and so the memory) alive and in place until it
             // is dropped after this closure; it was checked writable and contiguous.
             let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            lock(&self.state).read_into(&self.shared, buf)
+            self.read_into(buf)
         })?;
         drop(buffer);
         Ok(n)
     }
 
-    fn close(&self) {
-        let mut s = lock(&self.state);
-        if let Some((pid, r)) = s.reader.take() {
-            if pid == std::process::id() {
-                // Dropping aborts readahead tasks: that needs this process's runtime.
-                if let Ok((rt, _)) = self.shared.get() {
-                    let _guard = rt.enter();
-                    drop(r);
-                    return;
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            process::guarded(|| {
+                if let Some((g, r)) = lock(&self.state).reader.take() {
+                    // Aborts its readahead tasks (when they are of this process's runtime).
+                    process::dispose(g, r);
                 }
-            }
-            std::mem::forget(r);
-        }
+            })
+        })
     }
 }
 
 /// A file open for writing: the bytes stream to a worker, which writes the UFS; the file is
-/// replaced when `close` succeeds.
+/// replaced when `close` succeeds. Between calls its connection is parked (not registered with
+/// any runtime), so it survives the runtime's shutdown before a fork in this process; in a
+/// forked child it refuses to be used.
 #[pyclass(module = "stratafs._native", frozen)]
 struct Writer {
     shared: Arc<Shared>,
+    /// The process that opened it.
     pid: u32,
     path: String,
-    inner: Mutex<Option<StrataWriter>>,
+    /// The writer and the runtime generation of the client it uses.
+    inner: Mutex<Option<(u64, StrataWriter)>>,
 }
 
 impl Writer {
-    fn with<T>(&self, f: impl FnOnce(&Runtime, &mut StrataWriter) -> Result<T, ClientError>) -> PyResult<T> {
+    fn check_process(&self) -> PyResult<()> {
         if std::process::id() != self.pid {
             return Err(PyOSError::new_err(format!(
                 "{} was opened for writing in another process (before a fork); open it again here",
                 self.path
             )));
         }
-        let (rt, _) = self.shared.get()?;
-        let mut guard = lock(&self.inner);
-        let w = guard.as_mut().ok_or_else(|| PyValueError::new_err("I/O operation on closed file"))?;
-        f(&rt, w).map_err(to_py)
+        Ok(())
+    }
+
+    /// Runs `f` on the writer inside a section, its connection attached for the call and
+    /// parked again after. Without the GIL.
+    fn with<T>(&self, f: impl FnOnce(&Runtime, &mut StrataWriter) -> Result<T, ClientError>) -> PyResult<T> {
+        self.check_process()?;
+        self.shared.run(|rt, c, generation| {
+            let mut guard = lock(&self.inner);
+            let (g, w) =
+                guard.as_mut().ok_or_else(|| PyValueError::new_err("I/O operation on closed file"))?;
+            if *g != generation {
+                let old = w.rebind(c.clone());
+                process::dispose(std::mem::replace(g, generation), old);
+            }
+            let out = f(rt, w);
+            let _in_runtime = rt.enter();
+            let parked = w.park();
+            let out = out.map_err(to_py)?;
+            parked.map_err(to_py)?;
+            Ok(out)
+        })
+    }
+
+    /// Drops the writer: sends nothing, so the old file stays. Inside a section.
+    fn discard(&self) {
+        let taken = lock(&self.inner).take();
+        if let Some((g, mut w)) = taken {
+            if std::process::id() == self.pid {
+                w.abort();
+            }
+            process::dispose(g, w);
+        }
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if std::process::id() != self.pid
-            && let Some(w) = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take()
-        {
-            // Its connection is registered with the parent's runtime (see `Shared::drop`).
-            std::mem::forget(w);
+        if let Some((g, w)) = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            process::dispose(g, w);
         }
     }
 }
@@ -654,8 +695,8 @@ impl Writer {
     }
 
     #[getter]
-    fn written(&self) -> u64 {
-        lock(&self.inner).as_ref().map_or(0, |w| w.written())
+    fn written(&self, py: Python<'_>) -> u64 {
+        py.detach(|| process::guarded(|| lock(&self.inner).as_ref().map_or(0, |(_, w)| w.written())))
     }
 
     /// Commits the file; returns its new info.
@@ -663,7 +704,8 @@ impl Writer {
         let info = py.detach(|| {
             let info = self.with(|rt, w| rt.block_on(w.close()));
             if std::process::id() == self.pid {
-                lock(&self.inner).take();
+                // Closed for good, committed or not (a failed close cannot be retried).
+                process::guarded(|| self.discard());
             }
             info
         })?;
@@ -671,16 +713,21 @@ impl Writer {
     }
 
     /// Drops what was written; the old file stays.
-    fn abort(&self) {
-        let mut guard = lock(&self.inner);
-        if let Some(mut w) = guard.take() {
-            if std::process::id() == self.pid {
-                w.abort();
-            } else {
-                std::mem::forget(w);
-            }
-        }
+    fn abort(&self, py: Python<'_>) {
+        py.detach(|| process::guarded(|| self.discard()))
     }
+}
+
+/// Generation of this process's runtime (for tests: it changes when a fork shut it down).
+#[pyfunction]
+fn runtime_generation() -> u64 {
+    process::generation()
+}
+
+/// Whether this process has a running I/O runtime now (for tests).
+#[pyfunction]
+fn runtime_running(py: Python<'_>) -> bool {
+    py.detach(process::runtime_running)
 }
 
 #[pymodule]
@@ -688,5 +735,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Reader>()?;
     m.add_class::<Writer>()?;
-    Ok(())
+    m.add_function(wrap_pyfunction!(runtime_generation, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime_running, m)?)?;
+    process::register(m)
 }

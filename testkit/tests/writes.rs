@@ -101,3 +101,46 @@ async fn a_malformed_frame_inside_a_write_aborts_it() {
     let client = cluster.client().await;
     assert_eq!(&client.read_all("/data/old.bin").await.unwrap()[..], b"old");
 }
+
+/// What the Python binding does around a fork: a writer parked in one runtime, that runtime
+/// shut down (threads joined, tasks and the master channel gone), and the write finished in a
+/// new runtime by a client made with new connections from the old one's cached metadata.
+#[test]
+fn a_parked_writer_and_a_client_go_on_in_a_new_runtime() {
+    let rt = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let cluster_rt = rt("cluster");
+    let cluster = cluster_rt.block_on(Cluster::start(writable()));
+    let data = pattern(5 * 1024 * 1024 + 3, 11);
+    let first = rt("first");
+    let (client, mut w) = first.block_on(async {
+        let client = cluster.client().await;
+        let mut w = client.create("/data/across.bin").await.unwrap();
+        w.write(&data[..3 << 20]).await.unwrap();
+        (client, w)
+    });
+    {
+        let _in_runtime = first.enter();
+        w.park().unwrap();
+    }
+    drop(first);
+    let second = rt("second");
+    second.block_on(async {
+        let fresh = client.with_new_connections().unwrap();
+        drop(w.rebind(fresh.clone()));
+        w.write(&data[3 << 20..]).await.unwrap();
+        let info = w.close().await.unwrap();
+        assert_eq!(info.size, data.len() as u64);
+        assert_eq!(&fresh.read_all("/data/across.bin").await.unwrap()[..], &data[..]);
+    });
+    assert_eq!(std::fs::read(cluster.ufs.dir().join("across.bin")).unwrap(), data);
+    drop(client);
+    drop(second);
+    cluster_rt.block_on(async move { drop(cluster) });
+}
