@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use strata_common::ErrorKind;
+use strata_common::MountOptions;
 use strata_common::path::{self, PathError};
-use strata_common::{DEFAULT_BLOCK_SIZE, DEFAULT_METADATA_TTL_MS, ErrorKind, MAX_BLOCK_SIZE};
-use strata_ufs::{Ufs, UfsError, UfsFactory, UfsSpec, parse_duration};
+use strata_ufs::{Ufs, UfsError, UfsFactory, UfsSpec};
 use thiserror::Error;
 
 /// What the store keeps of a mount.
@@ -71,57 +72,20 @@ impl Mount {
         }
         let ufs_err = |source| MountError::Ufs { path: path.clone(), uri: record.uri.clone(), source };
         UfsSpec::parse(&record.uri).map_err(ufs_err)?;
-        let block_size = match record.options.get("block_size") {
-            Some(v) => parse_size(v).filter(|b| (4096..=MAX_BLOCK_SIZE).contains(b)).ok_or_else(|| {
-                MountError::BadOption {
-                    key: "block_size".into(),
-                    value: v.clone(),
-                    reason: format!(
-                        "expected a size between 4KiB and {}MiB, e.g. 4MiB",
-                        MAX_BLOCK_SIZE >> 20
-                    ),
-                }
-            })?,
-            None => DEFAULT_BLOCK_SIZE,
-        };
-        let metadata_ttl = match record.options.get("metadata_ttl") {
-            Some(v) => parse_duration(v).ok_or_else(|| MountError::BadOption {
-                key: "metadata_ttl".into(),
-                value: v.clone(),
-                reason: "expected a duration such as 500ms, 10s, 5m or 0".into(),
-            })?,
-            None => Duration::from_millis(DEFAULT_METADATA_TTL_MS),
-        };
-        let read_only = match record.options.get("mode").map(String::as_str) {
-            None | Some("read-only") => true,
-            Some("write-through") => false,
-            Some(other) => {
-                return Err(MountError::BadOption {
-                    key: "mode".into(),
-                    value: other.to_string(),
-                    reason: "expected read-only or write-through".into(),
-                });
-            }
-        };
+        let options = MountOptions::parse(&record.options).map_err(|e| MountError::BadOption {
+            key: e.key,
+            value: e.value,
+            reason: e.reason,
+        })?;
         let ufs = factory.open(&record.uri, &record.options).map_err(ufs_err)?;
-        Ok(Self { record: MountRecord { path, ..record }, block_size, metadata_ttl, read_only, ufs })
+        Ok(Self {
+            record: MountRecord { path, ..record },
+            block_size: options.block_size,
+            metadata_ttl: options.metadata_ttl,
+            read_only: !options.mode.is_writable(),
+            ufs,
+        })
     }
-}
-
-/// `4194304`, `4MiB`, `4M`, `512KiB`, `1GiB` → bytes.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(mult)
 }
 
 #[derive(Default)]
@@ -187,7 +151,7 @@ mod tests {
         let mut table = MountTable::default();
         let m = Mount::open(record("/data/", "file:///tmp"), &f).unwrap();
         assert_eq!(m.record.path, "/data");
-        assert_eq!(m.block_size, DEFAULT_BLOCK_SIZE);
+        assert_eq!(m.block_size, strata_common::DEFAULT_BLOCK_SIZE);
         table.check_new(&m).unwrap();
         table.insert(m);
 
@@ -229,8 +193,5 @@ mod tests {
         r.options.insert("block_size".into(), "4MiB".into());
         r.options.insert("metadata_ttl".into(), "soon".into());
         assert!(matches!(Mount::open(r, &f), Err(MountError::BadOption { .. })));
-        assert_eq!(parse_size("2G"), Some(2 << 30));
-        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
-        assert_eq!(parse_duration("5"), None);
     }
 }

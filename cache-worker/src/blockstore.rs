@@ -250,7 +250,8 @@ impl BlockStore {
                             uri: m.uri.clone(),
                             block_size: m.block_size,
                             ufs,
-                            writable: m.options.get("mode").is_some_and(|v| v == "write-through"),
+                            writable: strata_common::MountOptions::parse(&m.options)
+                                .is_ok_and(|o| o.mode.is_writable()),
                         }),
                     );
                 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_client::shortcircuit::write_all_with_fd;
+use strata_common::fdpass::write_all_with_fd;
 use strata_common::frame::{BlockGrant, GrantHandle, LeaseRelease, ReadBlockRequest, ResponseHeader, Source};
 use strata_common::{BlockKey, ErrorKind, block};
 use tokio::io::AsyncReadExt;

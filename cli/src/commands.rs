@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 use strata_client::{Client, ClientConfig, FileInfo};
-use strata_master::mounts::parse_size;
+use strata_common::units::parse_size;
 use strata_master::{Master, MasterConfig};
 use strata_ufs::OpendalFactory;
 use strata_worker::{Worker, WorkerConfig};

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use strata_client::{Client, JobInfo, JobState, LoadOptions, ScheduleInfo};
-use strata_master::mounts::parse_size;
+use strata_common::units::parse_size;
 
 /// What to load and how (shared by `warmup` and `job schedule`).
 #[derive(Args, Debug, Clone)]

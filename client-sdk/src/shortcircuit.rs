@@ -18,17 +18,18 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use strata_common::fdpass::read_exact_with_fds;
 use strata_common::frame::{
     BlockGrant, GrantHandle, LeaseRelease, MAX_ERROR_MESSAGE, Op, RESPONSE_HEADER_LEN, ReadBlockRequest,
     ResponseHeader,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::transport::TransportError;
@@ -40,9 +41,6 @@ pub const METRIC_SHORT_CIRCUIT_FALLBACKS: &str = "strata_client_short_circuit_fa
 /// Environment variable that turns short-circuit reads off when `0`, `false`, `off` or `no`.
 pub const SHORT_CIRCUIT_ENV: &str = "STRATA_SHORT_CIRCUIT";
 
-/// Most descriptors one `recvmsg` accepts; a peer sending more is misbehaving, and the extra
-/// ones are closed.
-const MAX_FDS: usize = 8;
 /// After a failure that will likely repeat (the sidecar refuses grants, sends garbage), every
 /// read goes the framed way for this long instead of paying a failed round trip each.
 const BACKOFF: Duration = Duration::from_secs(10);
@@ -50,113 +48,6 @@ const BACKOFF: Duration = Duration::from_secs(10);
 const MAX_KEEP: Duration = Duration::from_secs(3600);
 /// Release frames kept for the next request when no idle connection could take them.
 const MAX_QUEUED_RELEASES: usize = 4096;
-
-/// Sends `bytes` with `pass` attached (SCM_RIGHTS) on a connected Unix stream socket; returns
-/// how many bytes went (the descriptor goes with the first of them). Non-blocking sockets give
-/// `WouldBlock` as usual.
-pub fn send_with_fd(socket: BorrowedFd<'_>, bytes: &[u8], pass: BorrowedFd<'_>) -> io::Result<usize> {
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    // u64 words: the control buffer must be aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: CMSG_SPACE is arithmetic on its argument.
-    let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
-    debug_assert!(space <= size_of_val(&control));
-    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: msg_control points at `space` writable, aligned bytes, enough for one header and
-    // one descriptor, so CMSG_FIRSTHDR is non-null and CMSG_DATA has room for a c_int.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), pass.as_raw_fd());
-    }
-    // SAFETY: msg and everything it points at outlive the call; MSG_NOSIGNAL turns a closed
-    // peer into EPIPE instead of killing the process.
-    let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-}
-
-/// Receives into `buf`; descriptors that arrived with the bytes are appended to `fds` (owned,
-/// close-on-exec). Returns the bytes read (0 at end of stream). Descriptors the control buffer
-/// could not hold are an error: the kernel closed them and the peer is misbehaving.
-pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut control = [0u64; 16];
-    // SAFETY: see send_with_fd.
-    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<RawFd>()) as u32) } as usize;
-    debug_assert!(space <= size_of_val(&control));
-    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: msg points at a writable buffer and control area that outlive the call.
-    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel filled msg_controllen bytes of well-formed control messages; the
-    // CMSG_* walk stays inside them, and every SCM_RIGHTS descriptor is new and ours to own.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
-                let payload = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..payload / size_of::<libc::c_int>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::other("more file descriptors than expected were passed"));
-    }
-    Ok(n as usize)
-}
-
-/// Writes all of `bytes` with `pass` attached to the first of them.
-pub async fn write_all_with_fd(
-    stream: &mut UnixStream,
-    bytes: &[u8],
-    pass: BorrowedFd<'_>,
-) -> io::Result<()> {
-    if bytes.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a descriptor needs at least one byte"));
-    }
-    let sent = stream.async_io(Interest::WRITABLE, || send_with_fd(stream.as_fd(), bytes, pass)).await?;
-    if sent == 0 {
-        return Err(io::ErrorKind::WriteZero.into());
-    }
-    stream.write_all(&bytes[sent..]).await
-}
-
-/// Fills `buf`, collecting every descriptor that arrives with its bytes into `fds`.
-pub async fn read_exact_with_fds(
-    stream: &UnixStream,
-    buf: &mut [u8],
-    fds: &mut Vec<OwnedFd>,
-) -> io::Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        let n = stream
-            .async_io(Interest::READABLE, || recv_with_fds(stream.as_fd(), &mut buf[got..], fds))
-            .await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        got += n;
-    }
-    Ok(())
-}
 
 /// Connections to the sidecar and the leases waiting to be given back; shared with every
 /// mapping so that dropping one can release its lease.
@@ -549,47 +440,6 @@ mod tests {
         f
     }
 
-    #[tokio::test]
-    async fn a_descriptor_travels_with_the_first_byte_and_names_the_same_file() {
-        let (mut a, b) = pair();
-        let file = file_with(b"hello, block");
-        write_all_with_fd(&mut a, b"0123456789", file.as_fd()).await.unwrap();
-        let mut fds = Vec::new();
-        let mut first = [0u8; 4];
-        read_exact_with_fds(&b, &mut first, &mut fds).await.unwrap();
-        assert_eq!(&first, b"0123");
-        assert_eq!(fds.len(), 1, "the descriptor arrives with the first bytes");
-        let mut rest = [0u8; 6];
-        read_exact_with_fds(&b, &mut rest, &mut fds).await.unwrap();
-        assert_eq!(&rest, b"456789");
-        assert_eq!(fds.len(), 1, "and only once");
-        let got = File::from(fds.pop().unwrap());
-        let mut buf = [0u8; 12];
-        std::os::unix::fs::FileExt::read_exact_at(&got, &mut buf, 0).unwrap();
-        assert_eq!(&buf, b"hello, block");
-    }
-
-    #[tokio::test]
-    async fn plain_bytes_carry_no_descriptor_and_eof_is_an_error() {
-        let (mut a, b) = pair();
-        a.write_all(b"xy").await.unwrap();
-        drop(a);
-        let mut fds = Vec::new();
-        let mut buf = [0u8; 2];
-        read_exact_with_fds(&b, &mut buf, &mut fds).await.unwrap();
-        assert!(fds.is_empty());
-        let err = read_exact_with_fds(&b, &mut buf, &mut fds).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
-    }
-
-    #[tokio::test]
-    async fn sending_a_descriptor_to_a_closed_peer_fails_without_a_signal() {
-        let (mut a, b) = pair();
-        drop(b);
-        let file = file_with(b"x");
-        assert!(write_all_with_fd(&mut a, b"abc", file.as_fd()).await.is_err());
-    }
-
     fn guard() -> LeaseGuard {
         let shared =
             Arc::new(Shared { idle: Mutex::new(Vec::new()), releases: Mutex::new(Vec::new()), max_idle: 1 });
@@ -625,7 +475,7 @@ mod tests {
             unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         assert!(raw >= 0);
         // SAFETY: memfd_create returned a new descriptor we own.
-        let mut shm = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        let mut shm = File::from(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) });
         shm.write_all(&[5u8; 64]).unwrap();
         let unsealed = shm.try_clone().unwrap();
         assert!(map_grant(grant(0, 64), unsealed.into(), 64, guard()).unwrap_err().contains("sealed"));

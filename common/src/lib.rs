@@ -2,16 +2,25 @@
 //! the data-plane frame format and the error kinds that cross process boundaries.
 //!
 //! This crate must stay free of tonic, opendal and foyer: it is what the client, the master and
-//! the worker agree on, and it is cheap to depend on.
+//! the worker agree on, and it is cheap to depend on. It also holds the few runtime helpers
+//! both sides of a connection or every service share: descriptor passing, background loops, the
+//! clock.
 
+pub mod background;
 pub mod block;
+pub mod clock;
 pub mod error;
+pub mod fdpass;
 pub mod frame;
+pub mod mount_options;
 pub mod path;
 pub mod ring;
+pub mod units;
 
 pub use block::{BlockKey, BlockSlice, block_slices};
+pub use clock::{Clock, SharedClock};
 pub use error::ErrorKind;
+pub use mount_options::{MountMode, MountOptions};
 pub use ring::{Member, Ring};
 
 /// Default block size of a mount: 4 MiB.

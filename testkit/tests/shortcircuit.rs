@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strata_client::shortcircuit::{read_exact_with_fds, write_all_with_fd};
 use strata_client::{Client, ClientConfig};
 use strata_common::ErrorKind;
+use strata_common::fdpass::{read_exact_with_fds, write_all_with_fd};
 use strata_common::frame::{
     self, BlockGrant, GrantHandle, Op, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN, ReadBlockRequest,
     ResponseHeader, Source,

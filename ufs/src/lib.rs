@@ -24,7 +24,6 @@ use thiserror::Error;
 
 pub use opendal_ufs::{
     DEFAULT_UFS_IO_TIMEOUT, DEFAULT_UFS_RETRIES, DEFAULT_UFS_TIMEOUT, OpendalFactory, OpendalUfs,
-    STRATA_MOUNT_OPTIONS, parse_duration,
 };
 pub use spec::{SUPPORTED_SCHEMES, UfsSpec, is_secret_option, redact_options};
 pub use write::{UfsWrite, UfsWriter};

@@ -11,13 +11,11 @@ use futures::stream::{self, BoxStream};
 use futures::{StreamExt, future};
 use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::{ErrorKind as OdErrorKind, Metadata, Operator, options::ReadOptions};
+use strata_common::mount_options::STRATA_MOUNT_OPTIONS;
+use strata_common::units::parse_duration;
 
 use crate::spec::UfsSpec;
 use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory, UfsFile, synthetic_version};
-
-/// Mount options that Strata itself interprets; everything else goes to opendal.
-pub const STRATA_MOUNT_OPTIONS: &[&str] =
-    &["block_size", "metadata_ttl", "mode", "ufs_retries", "ufs_timeout", "ufs_io_timeout"];
 
 /// Retries of a failed UFS request (with jittered exponential backoff) unless the mount sets
 /// `ufs_retries`.
@@ -39,23 +37,6 @@ fn option<T>(
             parse(v).ok_or_else(|| UfsError::InvalidConfig(format!("mount option {key}={v:?} is not valid")))
         }
     }
-}
-
-/// `250ms`, `10s`, `5m`, `1h`, `0` → duration (other bare numbers are refused: the unit must
-/// be explicit).
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "" if n == 0 => Duration::ZERO,
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.checked_mul(60)?),
-        "h" => Duration::from_secs(n.checked_mul(3600)?),
-        _ => return None,
-    })
 }
 
 pub struct OpendalUfs {
@@ -392,9 +373,6 @@ mod config_tests {
             let e = OpendalUfs::open("s3://b", &opts(&[(k, v)])).err().expect("must fail");
             assert!(e.to_string().contains(k), "{e}");
         }
-        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
-        assert_eq!(parse_duration("7"), None);
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
     }
 
     #[test]

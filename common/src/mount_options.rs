@@ -1,0 +1,170 @@
+//! A mount's options, typed: parsed once from the `-o key=value` pairs the master stores, then
+//! used by the master (metadata TTL, writes allowed), the worker (block size, mode) and the CLI.
+//! Keys Strata does not interpret are the UFS service's own (endpoint, region, credentials...)
+//! and stay in [`MountOptions::ufs`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::units::{parse_duration, parse_size};
+use crate::{DEFAULT_BLOCK_SIZE, DEFAULT_METADATA_TTL_MS, MAX_BLOCK_SIZE};
+
+/// Mount options that Strata itself interprets (the `ufs_*` ones by the UFS layer); everything
+/// else is handed to the UFS service.
+pub const STRATA_MOUNT_OPTIONS: &[&str] =
+    &["block_size", "metadata_ttl", "mode", "ufs_retries", "ufs_timeout", "ufs_io_timeout"];
+
+/// Smallest block size a mount may choose.
+pub const MIN_BLOCK_SIZE: u64 = 4096;
+
+/// Whether writes through Strata may reach a mount's UFS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum MountMode {
+    /// Reads only (the default): writes, `rm` and `mkdir` are refused.
+    #[default]
+    ReadOnly,
+    /// A write streams through a worker to the UFS and is acknowledged once the UFS has it.
+    WriteThrough,
+}
+
+impl MountMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountMode::ReadOnly => "read-only",
+            MountMode::WriteThrough => "write-through",
+        }
+    }
+
+    /// Clients may write, delete and make directories through Strata.
+    pub fn is_writable(self) -> bool {
+        !matches!(self, MountMode::ReadOnly)
+    }
+}
+
+impl fmt::Display for MountMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MountMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read-only" => Ok(MountMode::ReadOnly),
+            "write-through" => Ok(MountMode::WriteThrough),
+            _ => Err("expected read-only or write-through".into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("mount option {key}={value:?}: {reason}")]
+pub struct MountOptionError {
+    pub key: String,
+    pub value: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    pub mode: MountMode,
+    /// Bytes per block (`block_size`, 4 KiB to 256 MiB, default 4 MiB).
+    pub block_size: u64,
+    /// How long a stat or listing of the UFS is trusted (`metadata_ttl`, default 10 s).
+    pub metadata_ttl: Duration,
+    /// Every option not listed above: the UFS service's (and the UFS layer's `ufs_*`).
+    pub ufs: BTreeMap<String, String>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        Self {
+            mode: MountMode::default(),
+            block_size: DEFAULT_BLOCK_SIZE,
+            metadata_ttl: Duration::from_millis(DEFAULT_METADATA_TTL_MS),
+            ufs: BTreeMap::new(),
+        }
+    }
+}
+
+impl MountOptions {
+    /// Parses and checks the options of a mount.
+    pub fn parse<'a>(
+        options: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Result<Self, MountOptionError> {
+        let mut out = Self::default();
+        for (key, value) in options {
+            let bad = |reason: &str| MountOptionError {
+                key: key.clone(),
+                value: value.clone(),
+                reason: reason.to_string(),
+            };
+            match key.as_str() {
+                "block_size" => {
+                    out.block_size = parse_size(value)
+                        .filter(|b| (MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(b))
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "expected a size between 4KiB and {}MiB, e.g. 4MiB",
+                                MAX_BLOCK_SIZE >> 20
+                            ))
+                        })?;
+                }
+                "metadata_ttl" => {
+                    out.metadata_ttl = parse_duration(value)
+                        .ok_or_else(|| bad("expected a duration such as 500ms, 10s, 5m or 0"))?;
+                }
+                "mode" => out.mode = value.parse().map_err(|reason: String| bad(&reason))?,
+                _ => {
+                    out.ufs.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<MountOptions, MountOptionError> {
+        let map: BTreeMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        MountOptions::parse(&map)
+    }
+
+    #[test]
+    fn defaults_and_typed_values() {
+        assert_eq!(parse(&[]).unwrap(), MountOptions::default());
+        let o = parse(&[
+            ("block_size", "1MiB"),
+            ("metadata_ttl", "30s"),
+            ("mode", "write-through"),
+            ("region", "x"),
+        ])
+        .unwrap();
+        assert_eq!(o.block_size, 1 << 20);
+        assert_eq!(o.metadata_ttl, Duration::from_secs(30));
+        assert_eq!(o.mode, MountMode::WriteThrough);
+        assert!(o.mode.is_writable());
+        assert_eq!(o.ufs.get("region").map(String::as_str), Some("x"));
+        assert!(!o.ufs.contains_key("mode"), "Strata's own options are not the UFS's");
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        let e = parse(&[("block_size", "1KiB")]).unwrap_err();
+        assert_eq!(e.key, "block_size");
+        assert!(parse(&[("block_size", "512MiB")]).is_err());
+        assert!(parse(&[("metadata_ttl", "10")]).is_err());
+        let e = parse(&[("mode", "write-back-ish")]).unwrap_err();
+        assert!(e.to_string().contains("read-only or write-through"), "{e}");
+    }
+}
