@@ -500,7 +500,15 @@ async fn short_circuit_rows(
             config.memory_capacity = 0;
             config.nvme_capacity = size + 256 * MIB;
         }
-        let sidecar = strata_worker::sidecar::start(config, cluster.factory.clone()).await.expect("sidecar");
+        let upstream = strata_client::ClusterUpstream::connect(
+            &config.master_addr,
+            Duration::from_millis(config.ufs_timeout_ms),
+        )
+        .await
+        .expect("cluster client");
+        let sidecar = strata_worker::sidecar::start(config, cluster.factory.clone(), Arc::new(upstream))
+            .await
+            .expect("sidecar");
         let connect = |short_circuit: bool, cache_bytes: u64| {
             let mut c = cluster.client_config();
             c.sidecar_socket = Some(sidecar.socket_path.clone());
@@ -518,7 +526,7 @@ async fn short_circuit_rows(
         let framed = connect(false, 0).await.expect("connect");
         eprintln!("short-circuit ({tier}): filling the sidecar, then warm sequential reads");
         seq_read(&framed, "/data/big.bin", size).await;
-        sidecar.store.flush().await;
+        sidecar.blocks.flush().await;
         let clients = [
             (&kept, "short-circuit, kept mappings"),
             (&mapped, "short-circuit, map per read"),

@@ -118,7 +118,7 @@ impl Default for WorkerConfig {
             short_circuit: true,
             short_circuit_lease_ms: 30_000,
             short_circuit_shm_bytes: 256 << 20,
-            nvme_writeback_idle_ms: crate::blockstore::DEFAULT_WRITEBACK_IDLE.as_millis() as u64,
+            nvme_writeback_idle_ms: crate::cache::DEFAULT_WRITEBACK_IDLE.as_millis() as u64,
             zero_copy: true,
             rdma: RdmaConfig::default(),
         }

@@ -1,19 +1,28 @@
-//! The data-plane server: framed TCP (see `strata_common::frame`), one request at a time per
-//! connection, payload bytes written straight from the block's `Bytes`, or for a verified NVMe
-//! block sent from its file with `sendfile`. The same protocol is
-//! served over a Unix socket by a sidecar worker (`serve_unix`) to the processes of its pod.
+//! The data-plane server: framed requests (see `strata_common::frame`) on TCP and, for a
+//! sidecar, on a Unix socket; one request at a time per connection. It translates each frame
+//! into a storage request ([`BlockRead`]) for the block service, or a grant request for the
+//! grants service, and writes the answer: payload bytes straight from the block's `Bytes`, a
+//! verified NVMe block with `sendfile`, a grant with its descriptor passed alongside.
+//!
+//! The frame says what is asked (`OpenBlock` names its kind of grant); the socket only says
+//! what it can carry: a descriptor grant asked on TCP is refused with an error frame, since
+//! only a Unix socket can pass a descriptor.
 //!
 //! A malformed frame gets an error frame and the connection is closed (its framing can no
 //! longer be trusted); a request that is well-framed but wrong gets an error frame and the
 //! connection stays usable. Either way the worker keeps serving everyone else.
 
-use std::os::fd::{AsRawFd, RawFd};
+mod write;
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
 use strata_common::ErrorKind;
+use strata_common::fdpass::write_all_with_fd;
 use strata_common::frame::{
-    self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, decode_request_header,
+    self, BlockGrant, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
+    RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, decode_request_header,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
@@ -21,16 +30,37 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
-use crate::blockstore::{BlockStore, Payload};
+use crate::blocks::{BlockRead, BlockService, Payload, Served};
+use crate::grants::Grants;
 use crate::metrics_defs as m;
 
 /// Small payloads go out in one write with their header; large ones in two writes, without
 /// copying the block.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
+/// What the data plane serves from: the storage API and the grants service.
+#[derive(Clone)]
+pub struct DataPlane {
+    pub blocks: Arc<BlockService>,
+    pub grants: Arc<Grants>,
+}
+
+/// The wire request as a storage request.
+fn block_read(req: &ReadBlockRequest) -> BlockRead {
+    BlockRead {
+        path: req.path.clone(),
+        version: req.version.clone(),
+        file_size: req.file_size,
+        block_size: req.block_size,
+        index: req.block_index,
+        offset: req.offset,
+        len: req.len,
+    }
+}
+
 /// A listener the data plane accepts connections on.
 trait Listener: Send + 'static {
-    type Stream: GrantStream + SendFile;
+    type Stream: Connection;
     /// The next connection and a name of its peer for logs.
     fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
 }
@@ -56,89 +86,80 @@ impl Listener for UnixListener {
     }
 }
 
-/// The requests whose answer depends on the kind of socket: a grant (`OpenBlock`) is a passed
-/// file descriptor on a Unix socket (`crate::shortcircuit`) and a registered memory region on
-/// TCP (`crate::rdma`). Each method reads the request body (`body_len` bytes) itself.
-pub(crate) trait GrantStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    fn open_block(
-        &mut self,
-        store: &Arc<BlockStore>,
-        body_len: usize,
-    ) -> impl Future<Output = std::io::Result<()>> + Send;
-    fn release(
-        &mut self,
-        store: &Arc<BlockStore>,
-        body_len: usize,
-    ) -> impl Future<Output = std::io::Result<()>> + Send;
-    fn remote_read(
-        &mut self,
-        store: &Arc<BlockStore>,
-        body_len: usize,
-    ) -> impl Future<Output = std::io::Result<()>> + Send;
-    /// `Op::RdmaConnect`: serves the rest of the connection. Refused unless overridden (TCP).
-    fn rdma_connect(
-        &mut self,
-        store: &Arc<BlockStore>,
-        body_len: usize,
-    ) -> impl Future<Output = std::io::Result<()>> + Send
-    where
-        Self: Sized,
-    {
-        let _ = (store, body_len);
-        async move { reject(self, "RdmaConnect is served on TCP only").await }
-    }
-}
-
-/// Sends a file region to the socket with `sendfile(2)`: the bytes go from the page cache to
-/// the socket without passing through user space (and without the copy and checksum pass of a
-/// tier read).
-pub(crate) trait SendFile {
+/// What a connection's socket can do beyond bytes.
+trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Sends a file region with `sendfile(2)`: from the page cache to the socket without passing
+    /// through user space.
     fn send_file(
         &mut self,
         file: &std::fs::File,
         offset: u64,
         len: u64,
     ) -> impl Future<Output = std::io::Result<()>> + Send;
+
+    /// Whether this kind of socket can pass a file descriptor.
+    const PASSES_FDS: bool;
+
+    /// Writes `bytes` with `fd` attached (only where [`PASSES_FDS`](Self::PASSES_FDS)).
+    fn write_with_fd(
+        &mut self,
+        bytes: &[u8],
+        fd: BorrowedFd<'_>,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
 }
 
 macro_rules! impl_send_file {
-    ($stream:ty) => {
-        impl SendFile for $stream {
-            async fn send_file(
-                &mut self,
-                file: &std::fs::File,
-                offset: u64,
-                len: u64,
-            ) -> std::io::Result<()> {
-                let mut offset = offset;
-                let mut left = len;
-                while left > 0 {
-                    self.writable().await?;
-                    let sent = self.try_io(tokio::io::Interest::WRITABLE, || {
-                        sendfile_once(self.as_raw_fd(), file.as_raw_fd(), &mut offset, left)
-                    });
-                    match sent {
-                        Ok(0) => {
-                            // The file is shorter than the index said: the peer gets fewer bytes
-                            // than announced, so the connection must not go on.
-                            return Err(std::io::Error::new(
-                                std::io::ErrorKind::UnexpectedEof,
-                                "block file ended before the range",
-                            ));
-                        }
-                        Ok(n) => left -= n as u64,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
+    () => {
+        async fn send_file(&mut self, file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+            let mut offset = offset;
+            let mut left = len;
+            while left > 0 {
+                self.writable().await?;
+                let sent = self.try_io(tokio::io::Interest::WRITABLE, || {
+                    sendfile_once(self.as_raw_fd(), file.as_raw_fd(), &mut offset, left)
+                });
+                match sent {
+                    Ok(0) => {
+                        // The file is shorter than the index said: the peer gets fewer bytes
+                        // than announced, so the connection must not go on.
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "block file ended before the range",
+                        ));
                     }
+                    Ok(n) => left -= n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
                 }
-                Ok(())
             }
+            Ok(())
         }
     };
 }
 
-impl_send_file!(tokio::net::TcpStream);
-impl_send_file!(tokio::net::UnixStream);
+impl Connection for tokio::net::TcpStream {
+    impl_send_file!();
+
+    const PASSES_FDS: bool = false;
+
+    async fn write_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "TCP cannot pass a descriptor"))
+    }
+}
+
+impl Connection for tokio::net::UnixStream {
+    impl_send_file!();
+
+    const PASSES_FDS: bool = true;
+
+    fn write_with_fd(
+        &mut self,
+        bytes: &[u8],
+        fd: BorrowedFd<'_>,
+    ) -> impl Future<Output = std::io::Result<()>> + Send {
+        write_all_with_fd(self, bytes, fd)
+    }
+}
 
 /// One `sendfile(2)` call of at most `left` bytes from `*offset`, which it advances.
 fn sendfile_once(socket: RawFd, file: RawFd, offset: &mut u64, left: u64) -> std::io::Result<usize> {
@@ -155,16 +176,16 @@ fn sendfile_once(socket: RawFd, file: RawFd, offset: &mut u64, left: u64) -> std
     Ok(n as usize)
 }
 
-pub async fn serve(listener: TcpListener, store: Arc<BlockStore>, cancel: CancellationToken) {
-    serve_on(listener, store, cancel).await
+pub async fn serve(listener: TcpListener, plane: DataPlane, cancel: CancellationToken) {
+    serve_on(listener, plane, cancel).await
 }
 
 /// Serves the data plane on a Unix socket: the sidecar's route for the processes of its pod.
-pub async fn serve_unix(listener: UnixListener, store: Arc<BlockStore>, cancel: CancellationToken) {
-    serve_on(listener, store, cancel).await
+pub async fn serve_unix(listener: UnixListener, plane: DataPlane, cancel: CancellationToken) {
+    serve_on(listener, plane, cancel).await
 }
 
-async fn serve_on<L: Listener>(listener: L, store: Arc<BlockStore>, cancel: CancellationToken) {
+async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: CancellationToken) {
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -172,10 +193,15 @@ async fn serve_on<L: Listener>(listener: L, store: Arc<BlockStore>, cancel: Canc
             a = listener.accept_one() => a,
         };
         match accepted {
-            Ok((stream, peer)) => spawn_connection(&tracker, stream, peer, store.clone(), cancel.clone()),
+            Ok((stream, peer)) => spawn_connection(&tracker, stream, peer, plane.clone(), cancel.clone()),
             Err(e) => {
                 warn!(err = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                // Out of descriptors or a transient error: pause so a full table is not a spin.
+                if strata_common::background::sleep_or_cancel(std::time::Duration::from_millis(50), &cancel)
+                    .await
+                {
+                    break;
+                }
             }
         }
     }
@@ -183,17 +209,17 @@ async fn serve_on<L: Listener>(listener: L, store: Arc<BlockStore>, cancel: Canc
     tracker.wait().await;
 }
 
-fn spawn_connection<S: GrantStream + SendFile>(
+fn spawn_connection<S: Connection>(
     tracker: &TaskTracker,
     stream: S,
     peer: String,
-    store: Arc<BlockStore>,
+    plane: DataPlane,
     cancel: CancellationToken,
 ) {
     tracker.spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
-            r = connection(stream, store) => {
+            r = connection(stream, plane) => {
                 if let Err(e) = r {
                     debug!(%peer, err = %e, "data-plane connection ended");
                 }
@@ -202,76 +228,141 @@ fn spawn_connection<S: GrantStream + SendFile>(
     });
 }
 
-async fn connection<S: GrantStream + SendFile>(mut stream: S, store: Arc<BlockStore>) -> std::io::Result<()> {
+async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::Result<()> {
     let mut header = [0u8; REQUEST_HEADER_LEN];
-    let mut body = Vec::new();
     loop {
         match stream.read_exact(&mut header).await {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        let body_len = match decode_request_header(&header) {
-            Ok((frame::Op::ReadBlock, len)) => len,
-            Ok((frame::Op::WriteBegin, len)) => {
-                crate::writes::serve_write(&mut stream, &store, len).await?;
-                continue;
+        match decode_request_header(&header) {
+            Ok((frame::Op::ReadBlock, len)) => {
+                if let Some(req) = read_body(&mut stream, len, ReadBlockRequest::decode_body).await? {
+                    serve_read(&mut stream, &plane, &req).await?;
+                }
             }
+            Ok((frame::Op::WriteBegin, len)) => write::serve_write(&mut stream, &plane.blocks, len).await?,
             Ok((frame::Op::OpenBlock, len)) => {
-                stream.open_block(&store, len).await?;
-                continue;
+                if let Some(open) = read_body(&mut stream, len, OpenBlock::decode_body).await? {
+                    serve_open(&mut stream, &plane, &open).await?;
+                }
             }
             Ok((frame::Op::Release, len)) => {
-                stream.release(&store, len).await?;
-                continue;
+                // A release has no answer, so a bad one is not answered either: the lease expires.
+                let mut body = vec![0u8; len];
+                stream.read_exact(&mut body).await?;
+                match LeaseRelease::decode_body(&body) {
+                    Ok(r) => plane.grants.release(r.kind, r.lease_id),
+                    Err(e) => debug!(err = %e, "malformed lease release ignored"),
+                }
             }
             Ok((frame::Op::RemoteRead, len)) => {
-                stream.remote_read(&store, len).await?;
-                continue;
-            }
-            // The connection becomes the lifetime of an RDMA queue pair (`crate::rdma`).
-            Ok((frame::Op::RdmaConnect, len)) => return stream.rdma_connect(&store, len).await,
-            Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
-            Err(e) => return reject(&mut stream, &e.to_string()).await,
-        };
-        body.resize(body_len, 0);
-        stream.read_exact(&mut body).await?;
-        let req = match ReadBlockRequest::decode_body(&body) {
-            Ok(r) => r,
-            Err(e) => return reject(&mut stream, &e.to_string()).await,
-        };
-        let started = Instant::now();
-        match store.read_payload(&req).await {
-            Ok((payload, source)) => {
-                match payload {
-                    Payload::Bytes(bytes) => send_data(&mut stream, req.req_id, source, &bytes).await?,
-                    Payload::File { file, offset, len } => {
-                        let head =
-                            ResponseHeader { status: Ok(source), req_id: req.req_id, payload_len: len };
-                        stream.write_all(&head.encode()).await?;
-                        stream.send_file(&file, offset, len).await?;
-                        metrics::counter!(m::ZERO_COPY_BYTES).increment(len);
+                if let Some(rr) = read_body(&mut stream, len, RemoteRead::decode_body).await? {
+                    match plane.grants.remote_read(&rr) {
+                        Ok(bytes) => send_data(&mut stream, rr.req_id, Source::Memory, &bytes).await?,
+                        Err((kind, message)) => send_error(&mut stream, rr.req_id, kind, &message).await?,
                     }
                 }
-                let label = match source {
-                    frame::Source::Memory => "memory",
-                    frame::Source::Nvme => "nvme",
-                    frame::Source::Ufs => "ufs",
-                };
-                metrics::histogram!(m::READ_SECONDS, "source" => label)
-                    .record(started.elapsed().as_secs_f64());
             }
-            Err(e) => {
-                debug!(path = %req.path, block = req.block_index, err = %e, "block read failed");
-                send_error(&mut stream, req.req_id, e.kind(), &e.to_string()).await?;
-            }
+            // The connection becomes the lifetime of an RDMA queue pair.
+            Ok((frame::Op::RdmaConnect, len)) => return rdma_connect(&mut stream, &plane, len).await,
+            Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
+            Err(e) => return reject(&mut stream, &e.to_string()).await,
         }
     }
 }
 
+async fn serve_read<S: Connection>(
+    stream: &mut S,
+    plane: &DataPlane,
+    req: &ReadBlockRequest,
+) -> std::io::Result<()> {
+    let started = Instant::now();
+    match plane.blocks.read_payload(&block_read(req)).await {
+        Ok(Served { payload, source, .. }) => {
+            match payload {
+                Payload::Bytes(bytes) => send_data(stream, req.req_id, source, &bytes).await?,
+                Payload::File { file, offset, len } => {
+                    let head = ResponseHeader { status: Ok(source), req_id: req.req_id, payload_len: len };
+                    stream.write_all(&head.encode()).await?;
+                    stream.send_file(&file, offset, len).await?;
+                    metrics::counter!(m::ZERO_COPY_BYTES).increment(len);
+                }
+            }
+            let label = match source {
+                Source::Memory => "memory",
+                Source::Nvme => "nvme",
+                Source::Ufs => "ufs",
+            };
+            metrics::histogram!(m::READ_SECONDS, "source" => label).record(started.elapsed().as_secs_f64());
+            Ok(())
+        }
+        Err(e) => {
+            debug!(path = %req.path, block = req.block_index, err = %e, "block read failed");
+            send_error(stream, req.req_id, e.kind(), &e.to_string()).await
+        }
+    }
+}
+
+async fn serve_open<S: Connection>(
+    stream: &mut S,
+    plane: &DataPlane,
+    open: &OpenBlock,
+) -> std::io::Result<()> {
+    let req_id = open.read.req_id;
+    if open.kind == GrantKind::Fd && !S::PASSES_FDS {
+        return send_error(stream, req_id, ErrorKind::Unavailable, "descriptor grants need a Unix socket")
+            .await;
+    }
+    let granted = match plane.grants.open(&plane.blocks, open.kind, &block_read(&open.read)).await {
+        Ok(g) => g,
+        Err(e) => {
+            debug!(path = %open.read.path, block = open.read.block_index, kind = ?open.kind, err = %e, "grant refused");
+            return send_error(stream, req_id, e.kind(), &e.to_string()).await;
+        }
+    };
+    let head =
+        ResponseHeader { status: Ok(granted.source), req_id, payload_len: BlockGrant::ENCODED_LEN as u64 }
+            .encode();
+    let mut out = Vec::with_capacity(head.len() + BlockGrant::ENCODED_LEN);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&granted.grant.encode());
+    let Some(fd) = granted.fd else {
+        return stream.write_all(&out).await;
+    };
+    let sent = stream.write_with_fd(&out, fd.as_fd()).await;
+    if sent.is_err() {
+        // The reader never got the descriptor: nothing to keep for it.
+        plane.grants.release(GrantKind::Fd, granted.grant.lease_id);
+    }
+    sent
+}
+
+async fn rdma_connect<S: Connection>(
+    stream: &mut S,
+    plane: &DataPlane,
+    body_len: usize,
+) -> std::io::Result<()> {
+    let Some(remote) = read_body(stream, body_len, RdmaEndpoint::decode).await? else {
+        return Ok(());
+    };
+    let (local, queue_pair) = match plane.grants.connect_rdma(remote) {
+        Ok(c) => c,
+        Err(e) => return send_error(stream, 0, e.kind(), &e.to_string()).await,
+    };
+    send_data(stream, 0, Source::Memory, &local.encode()).await?;
+    // The client's READs go to the queue pair, not through this socket; the socket only says
+    // how long the client is there. Anything it sends is ignored.
+    let mut sink = [0u8; 64];
+    while stream.read(&mut sink).await? > 0 {}
+    drop(queue_pair);
+    Ok(())
+}
+
 /// Reads a request body of `body_len` bytes and decodes it. A malformed one is answered as a
 /// malformed frame ([`reject`]: the connection closes) and gives `None`.
-pub(crate) async fn read_body<S, T>(
+async fn read_body<S, T>(
     stream: &mut S,
     body_len: usize,
     decode: impl FnOnce(&[u8]) -> Result<T, frame::FrameError>,
@@ -288,7 +379,7 @@ where
 }
 
 /// A data response: the header, then `payload` (in one write when small, else without copying it).
-pub(crate) async fn send_data<S: AsyncWrite + Unpin>(
+async fn send_data<S: AsyncWrite + Unpin>(
     stream: &mut S,
     req_id: u64,
     source: frame::Source,
@@ -309,10 +400,7 @@ pub(crate) async fn send_data<S: AsyncWrite + Unpin>(
 /// Answers a malformed frame and closes the connection. The peer may have sent more bytes we
 /// will never read; closing with them unread makes the kernel send a reset that can destroy our
 /// error frame in flight, so we half-close first and drain briefly.
-pub(crate) async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    message: &str,
-) -> std::io::Result<()> {
+async fn reject<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, message: &str) -> std::io::Result<()> {
     send_error(stream, 0, ErrorKind::BadFrame, message).await?;
     stream.shutdown().await?;
     let mut sink = [0u8; 4096];
@@ -329,7 +417,7 @@ pub(crate) async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(())
 }
 
-pub(crate) async fn send_error<S: AsyncWrite + Unpin>(
+async fn send_error<S: AsyncWrite + Unpin>(
     stream: &mut S,
     req_id: u64,
     kind: ErrorKind,

@@ -1,25 +1,42 @@
 //! The Strata worker: holds blocks in DRAM and NVMe tiers over the UFS and serves byte ranges
-//! of them on its data plane. See `tier` for the storage contract and `blockstore` for the
-//! read path.
+//! of them on its data plane.
+//!
+//! Modules, storage at the bottom and services on top; each imports only those below it:
+//!
+//! ```text
+//! dataplane (framing, sockets) ──▶ grants (fd, rdma, lease) ──┐
+//! master_link (gRPC) · loader (warmup lane) · sidecar ────────┼──▶ blocks (storage API)
+//!                                                              │      ├─▶ fetch (single flight, upstream, UFS)
+//!                                                              │      ├─▶ mounts (mount table, MountSource)
+//!                                                              │      └─▶ cache (DRAM ▸ NVMe, write-back) ─▶ tier
+//!                                                              └──▶ qos, stats, error, config
+//! ```
+//!
+//! Storage never imports a transport or gRPC: `blocks` takes its own request type
+//! ([`BlockRead`]) and the data plane translates wire frames into it.
 
-pub mod blockstore;
+pub mod blocks;
+pub mod cache;
 pub mod config;
 pub mod dataplane;
-pub mod lease;
+pub mod error;
+pub mod fetch;
+pub mod grants;
 pub mod loader;
 mod master_link;
 pub mod metrics_defs;
-mod rdma;
-pub mod shortcircuit;
+pub mod mounts;
+pub mod qos;
 pub mod sidecar;
+pub mod stats;
 pub mod tier;
-mod writes;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_common::SharedClock;
 use strata_ufs::UfsFactory;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -27,8 +44,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-pub use blockstore::BlockStore;
+pub use blocks::{BlockRead, BlockService};
+use cache::{BlockCache, CacheConfig};
 pub use config::WorkerConfig;
+pub use grants::Grants;
+use mounts::Mounts;
+use stats::Counters;
 use tier::{MemoryTier, NvmeTier, Tier, TierError};
 
 #[derive(Debug, Error)]
@@ -46,8 +67,8 @@ pub enum WorkerError {
     Socket { path: String, source: std::io::Error },
     #[error("sidecar: {reason}")]
     Sidecar { reason: String },
-    #[error("RDMA: {reason}")]
-    Rdma { reason: String },
+    #[error("RDMA: {0}")]
+    Rdma(#[from] grants::RdmaError),
 }
 
 /// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].
@@ -55,7 +76,8 @@ pub struct WorkerHandle {
     pub worker_id: String,
     pub data_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    pub store: Arc<BlockStore>,
+    pub blocks: Arc<BlockService>,
+    pub grants: Arc<Grants>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -73,16 +95,17 @@ impl WorkerHandle {
 
     /// Finishes queued NVMe writes, then stops.
     pub async fn shutdown(self) {
-        self.store.flush().await;
+        self.blocks.flush().await;
         self.kill().await;
     }
 }
 
-/// The tiers and block store a worker (or a sidecar) serves from.
-pub(crate) async fn open_store(
+/// The storage stack a worker (or a sidecar) serves from: tiers, cache, mount table, fetcher.
+pub(crate) async fn open_blocks(
     config: &WorkerConfig,
     factory: Arc<dyn UfsFactory>,
-) -> Result<Arc<BlockStore>, WorkerError> {
+    clock: SharedClock,
+) -> Result<Arc<BlockService>, WorkerError> {
     let nvme_dir = config.nvme_dir();
     // Opening reads one header per block: keep that off the async threads.
     let nvme_err = |source| WorkerError::Nvme { dir: nvme_dir.display().to_string(), source };
@@ -92,34 +115,38 @@ pub(crate) async fn open_store(
         .map_err(|e| nvme_err(TierError::Io(std::io::Error::other(e))))?;
     let nvme: Arc<dyn Tier> = Arc::new(opened.map_err(nvme_err)?);
     let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(config.memory_capacity));
-    let store = BlockStore::new(
-        memory,
-        nvme,
-        factory,
+    let counters = Arc::new(Counters::default());
+    let cache_config = CacheConfig {
+        nvme_write_budget: config.nvme_write_budget,
+        writeback_idle: Duration::from_millis(config.nvme_writeback_idle_ms),
+        zero_copy: config.zero_copy,
+    };
+    let cache = Arc::new(BlockCache::new(memory, nvme, cache_config, counters.clone()));
+    let mounts = Arc::new(Mounts::new(factory));
+    Ok(Arc::new(BlockService::new(
+        cache,
+        counters,
+        mounts,
         Duration::from_millis(config.ufs_timeout_ms),
-        config.nvme_write_budget,
-    );
-    store.set_zero_copy(config.zero_copy);
-    store.set_writeback_idle(Duration::from_millis(config.nvme_writeback_idle_ms));
-    store.configure_short_circuit(config.into());
-    Ok(Arc::new(store))
+        clock,
+    )))
 }
 
-/// The task writing dirty DRAM blocks to NVMe while reads are quiet (see `BlockStore::keep`).
-pub(crate) fn spawn_writeback(store: &Arc<BlockStore>, cancel: &CancellationToken) -> JoinHandle<()> {
-    let (store, cancel) = (store.clone(), cancel.clone());
-    tokio::spawn(async move { store.run_writeback(cancel).await })
+/// The writer moving dirty DRAM blocks to NVMe while reads are quiet (see `cache`).
+pub(crate) fn spawn_writeback(blocks: &Arc<BlockService>, cancel: &CancellationToken) -> JoinHandle<()> {
+    let (blocks, cancel) = (blocks.clone(), cancel.clone());
+    tokio::spawn(async move { blocks.cache().run_writeback(blocks.qos(), cancel).await })
 }
 
-/// `/metrics` and `/health` (healthy while the block store is alive) on `addr`.
+/// `/metrics` and `/health` (healthy while the block service is alive) on `addr`.
 pub(crate) async fn serve_ops(
     addr: SocketAddr,
-    store: &Arc<BlockStore>,
+    blocks: &Arc<BlockService>,
 ) -> Result<(SocketAddr, JoinHandle<()>), WorkerError> {
-    let health_store = Arc::downgrade(store);
+    let health = Arc::downgrade(blocks);
     strata_proto::ops_http::serve(
         addr,
-        Arc::new(move || if health_store.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
+        Arc::new(move || if health.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
     )
     .await
     .map_err(|source| WorkerError::Bind { addr, source })
@@ -147,17 +174,29 @@ impl Worker {
         config: WorkerConfig,
         factory: Arc<dyn UfsFactory>,
     ) -> Result<WorkerHandle, WorkerError> {
+        Self::start_with_clock(config, factory, strata_common::clock::system()).await
+    }
+
+    /// [`start`](Self::start) with `clock` deciding leases and quiet times (tests).
+    pub async fn start_with_clock(
+        config: WorkerConfig,
+        factory: Arc<dyn UfsFactory>,
+        clock: SharedClock,
+    ) -> Result<WorkerHandle, WorkerError> {
         let worker_id = match &config.worker_id {
             Some(id) => id.clone(),
             None => load_or_create_id(&config.data_dir)?,
         };
-        let nvme_dir = config.nvme_dir();
-        let store = open_store(&config, factory).await?;
-        let grants = rdma::RdmaGrants::from_config(&config.rdma)
-            .map_err(|e| WorkerError::Rdma { reason: e.to_string() })?;
-        if let Some(grants) = grants {
-            store.set_rdma(grants);
-        }
+        let blocks = open_blocks(&config, factory, clock.clone()).await?;
+        let grants = Arc::new(Grants::from_config(&config, clock)?);
+        let master = master_link::connect(&config.master_addr).map_err(|e| WorkerError::MasterAddr {
+            addr: config.master_addr.clone(),
+            reason: e.to_string(),
+        })?;
+        blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
+            client: master.clone(),
+            worker_id: worker_id.clone(),
+        }));
 
         let listener = TcpListener::bind(config.data_addr)
             .await
@@ -170,28 +209,25 @@ impl Worker {
             None => data_addr.ip().to_string(),
         };
         let cancel = CancellationToken::new();
-        let dp = tokio::spawn(dataplane::serve(listener, store.clone(), cancel.clone()));
+        let plane = dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone() };
+        let dp = tokio::spawn(dataplane::serve(listener, plane, cancel.clone()));
+        let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
 
-        let (http_addr, http_task) = serve_ops(config.http_addr, &store).await?;
-
-        let client = master_link::connect(&config.master_addr).await.map_err(|e| {
-            WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() }
-        })?;
-        store.set_master(client.clone(), worker_id.clone());
         let identity = master_link::Identity {
             worker_id: worker_id.clone(),
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
         };
-        let link = tokio::spawn(master_link::run(client.clone(), identity, store.clone(), cancel.clone()));
-        let loader = tokio::spawn(loader::run(client, worker_id.clone(), store.clone(), cancel.clone()));
-        let writeback = spawn_writeback(&store, &cancel);
-        info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %nvme_dir.display(), "worker started");
+        let link = tokio::spawn(master_link::run(master.clone(), identity, blocks.clone(), cancel.clone()));
+        let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
+        let writeback = spawn_writeback(&blocks, &cancel);
+        info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %config.nvme_dir().display(), "worker started");
         Ok(WorkerHandle {
             worker_id,
             data_addr,
             http_addr,
-            store,
+            blocks,
+            grants,
             cancel,
             tasks: vec![dp, http_task, link, loader, writeback],
         })

@@ -13,12 +13,10 @@
 //! expires and it hands them out again, so nothing is lost, only repeated (and a repeated
 //! load of a cached block costs no UFS read).
 
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_common::frame::ReadBlockRequest;
+use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::master_client::MasterClient;
 use strata_proto::{FetchLoadTasksRequest, LoadTask, LoadTaskResult, ReportLoadTasksRequest};
 use tokio::task::JoinSet;
@@ -26,117 +24,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::{debug, warn};
 
-use crate::blockstore::BlockStore;
+use crate::blocks::{BlockRead, BlockService};
 use crate::metrics_defs as m;
+use crate::qos::DEFAULT_LOAD_PARALLELISM;
 
-/// Loads in flight when a task does not say (`parallelism` 0).
-pub const DEFAULT_LOAD_PARALLELISM: u32 = 16;
-/// A client read within this window counts as foreground activity.
-const FOREGROUND_RECENT: Duration = Duration::from_millis(20);
 /// Longest a load waits for client reads to go quiet before it starts anyway.
 const MAX_YIELD: Duration = Duration::from_millis(200);
-
-/// Foreground (client read) activity and the load window that yields to it.
-pub struct Qos {
-    started: Instant,
-    inflight: AtomicU64,
-    /// Nanoseconds since `started` of the last client read's start or end.
-    last_ns: AtomicU64,
-    window: Mutex<Aimd>,
-}
-
-impl Default for Qos {
-    fn default() -> Self {
-        Self {
-            started: Instant::now(),
-            inflight: AtomicU64::new(0),
-            last_ns: AtomicU64::new(0),
-            window: Mutex::new(Aimd::new(DEFAULT_LOAD_PARALLELISM)),
-        }
-    }
-}
-
-/// Marks one client read in flight for as long as it lives.
-pub struct Foreground<'a>(&'a Qos);
-
-impl Drop for Foreground<'_> {
-    fn drop(&mut self) {
-        self.0.touch();
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Qos {
-    pub fn foreground(&self) -> Foreground<'_> {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        self.touch();
-        Foreground(self)
-    }
-
-    fn touch(&self) {
-        self.last_ns.store(self.started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    /// Whether client reads are in flight or finished a moment ago.
-    pub fn busy(&self) -> bool {
-        if self.inflight.load(Ordering::Relaxed) > 0 {
-            return true;
-        }
-        let last = Duration::from_nanos(self.last_ns.load(Ordering::Relaxed));
-        last > Duration::ZERO && self.started.elapsed().saturating_sub(last) < FOREGROUND_RECENT
-    }
-
-    /// How long no client read has been in flight (zero while one is).
-    pub fn quiet_for(&self) -> Duration {
-        if self.inflight.load(Ordering::Relaxed) > 0 {
-            return Duration::ZERO;
-        }
-        let last = Duration::from_nanos(self.last_ns.load(Ordering::Relaxed));
-        self.started.elapsed().saturating_sub(last)
-    }
-
-    /// Loads that may be in flight now.
-    pub fn window(&self) -> u32 {
-        self.window.lock().unwrap_or_else(|p| p.into_inner()).current()
-    }
-
-    fn set_limit(&self, limit: u32) {
-        self.window.lock().unwrap_or_else(|p| p.into_inner()).set_limit(limit);
-    }
-
-    fn observe(&self, busy: bool) {
-        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        w.observe(busy);
-        metrics::gauge!(m::LOAD_WINDOW).set(w.current() as f64);
-    }
-}
-
-/// Additive-increase, multiplicative-decrease window (sans-IO).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Aimd {
-    current: u32,
-    limit: u32,
-}
-
-impl Aimd {
-    pub fn new(limit: u32) -> Self {
-        let limit = limit.max(1);
-        Self { current: limit, limit }
-    }
-
-    pub fn current(&self) -> u32 {
-        self.current
-    }
-
-    pub fn set_limit(&mut self, limit: u32) {
-        self.limit = limit.max(1);
-        self.current = self.current.min(self.limit);
-    }
-
-    pub fn observe(&mut self, busy: bool) {
-        self.current = if busy { (self.current / 2).max(1) } else { (self.current + 1).min(self.limit) };
-    }
-}
 
 /// Paces bytes to a rate: each reservation starts when the previous ones have had their time.
 #[derive(Debug)]
@@ -163,7 +56,7 @@ impl Pacer {
 pub async fn run(
     client: MasterClient<Channel>,
     worker_id: String,
-    store: Arc<BlockStore>,
+    blocks: Arc<BlockService>,
     cancel: CancellationToken,
 ) {
     let mut client = client;
@@ -172,7 +65,7 @@ pub async fn run(
     let mut results: Vec<LoadTaskResult> = Vec::new();
     // Tasks fetched but not started: a batch can hold more than the job's parallelism allows.
     let mut backlog: std::collections::VecDeque<LoadTask> = std::collections::VecDeque::new();
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     while !cancel.is_cancelled() {
         while let Some(done) = running.try_join_next() {
             match done {
@@ -182,7 +75,7 @@ pub async fn run(
         }
         // Refill in batches: wait until half the window is free, then report everything done
         // and fetch a batch, so two RPCs serve many small loads instead of one each.
-        let window = store.qos.window();
+        let window = blocks.qos().window();
         if running.len() as u32 * 2 > window {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -206,10 +99,10 @@ pub async fn run(
             }
         }
         if !backlog.is_empty() {
-            while (running.len() as u32) < store.qos.window()
+            while (running.len() as u32) < blocks.qos().window()
                 && let Some(task) = backlog.pop_front()
             {
-                running.spawn(load_one(store.clone(), pacer.clone(), task));
+                running.spawn(load_one(blocks.clone(), pacer.clone(), task));
             }
             if !running.is_empty() {
                 tokio::select! {
@@ -228,13 +121,12 @@ pub async fn run(
         };
         let tasks = match fetched {
             Ok(resp) => {
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 resp.into_inner().tasks
             }
             Err(status) => {
                 debug!(worker = %worker_id, err = %status.message(), "cannot fetch load tasks");
-                sleep_or_cancel(backoff, &cancel).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                sleep_or_cancel(backoff.next_delay(), &cancel).await;
                 continue;
             }
         };
@@ -247,22 +139,22 @@ pub async fn run(
         }
         if let Some(task) = tasks.first() {
             let limit = if task.parallelism == 0 { DEFAULT_LOAD_PARALLELISM } else { task.parallelism };
-            store.qos.set_limit(limit);
+            blocks.qos().set_limit(limit);
         }
         backlog.extend(tasks);
     }
     running.abort_all();
 }
 
-async fn load_one(store: Arc<BlockStore>, pacer: Arc<Mutex<Pacer>>, task: LoadTask) -> LoadTaskResult {
+async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: LoadTask) -> LoadTaskResult {
     // Yield to client reads: wait for a quiet moment, with growing pauses, but not forever.
-    let busy = store.qos.busy();
-    store.qos.observe(busy);
+    let busy = blocks.qos().busy();
+    blocks.qos().observe(busy);
     if busy {
         metrics::counter!(m::LOAD_YIELDS).increment(1);
         let deadline = Instant::now() + MAX_YIELD;
         let mut pause = Duration::from_millis(2);
-        while store.qos.busy() && Instant::now() < deadline {
+        while blocks.qos().busy() && Instant::now() < deadline {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(50));
         }
@@ -272,19 +164,10 @@ async fn load_one(store: Arc<BlockStore>, pacer: Arc<Mutex<Pacer>>, task: LoadTa
     if !wait.is_zero() {
         tokio::time::sleep(wait).await;
     }
-    let req = ReadBlockRequest {
-        req_id: task.task_id,
-        path: task.path.clone(),
-        version: task.version.clone(),
-        file_size: task.file_size,
-        block_size: task.block_size,
-        block_index: task.index,
-        offset: 0,
-        len,
-    };
+    let read = BlockRead::whole_block(&task.path, &task.version, task.file_size, task.block_size, task.index);
     let mut result =
         LoadTaskResult { task_id: task.task_id, job_id: task.job_id.clone(), ..Default::default() };
-    match store.load(&req).await {
+    match blocks.load(&read).await {
         Ok(outcome) => {
             result.ok = true;
             result.already_cached = outcome.already_cached;
@@ -297,7 +180,6 @@ async fn load_one(store: Arc<BlockStore>, pacer: Arc<Mutex<Pacer>>, task: LoadTa
         Err(e) => {
             metrics::counter!(m::LOAD_BLOCKS, "result" => "failed").increment(1);
             debug!(path = %task.path, index = task.index, err = %e, "load task failed");
-            result.error_kind = e.kind().as_str().to_string();
             result.temporary = e.kind().is_temporary();
             result.error = e.to_string();
         }
@@ -305,38 +187,9 @@ async fn load_one(store: Arc<BlockStore>, pacer: Arc<Mutex<Pacer>>, task: LoadTa
     result
 }
 
-async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = tokio::time::sleep(d) => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn window_halves_under_foreground_and_grows_back() {
-        let mut w = Aimd::new(8);
-        assert_eq!(w.current(), 8);
-        w.observe(true);
-        assert_eq!(w.current(), 4);
-        w.observe(true);
-        w.observe(true);
-        w.observe(true);
-        assert_eq!(w.current(), 1, "never below one load");
-        for _ in 0..3 {
-            w.observe(false);
-        }
-        assert_eq!(w.current(), 4);
-        for _ in 0..10 {
-            w.observe(false);
-        }
-        assert_eq!(w.current(), 8, "capped at the limit");
-        w.set_limit(2);
-        assert_eq!(w.current(), 2);
-    }
 
     #[test]
     fn pacer_spaces_reservations_at_the_rate() {
@@ -349,17 +202,5 @@ mod tests {
         // After idling, the next reservation starts at once.
         let later = t0 + Duration::from_secs(10);
         assert_eq!(p.reserve(later, 500, 1000), Duration::ZERO);
-    }
-
-    #[test]
-    fn foreground_reads_make_the_lane_busy_until_quiet() {
-        let q = Qos::default();
-        assert!(!q.busy());
-        let g = q.foreground();
-        assert!(q.busy());
-        drop(g);
-        assert!(q.busy(), "recent reads still count");
-        std::thread::sleep(FOREGROUND_RECENT + Duration::from_millis(5));
-        assert!(!q.busy());
     }
 }

@@ -1,25 +1,71 @@
 //! The worker's side of the control plane: register, heartbeat with usage, counters and block
-//! deltas, follow the mount table. A master restart or a "lost" verdict makes the worker
-//! register again and send a full block report; a failed heartbeat makes the next report full,
-//! so no delta is ever lost.
+//! deltas, and the mount table ([`MountSource`] for `mounts`). A master restart or a "lost"
+//! verdict makes the worker register again and send a full block report; a failed heartbeat
+//! makes the next report full, so no delta is ever lost.
+//!
+//! This is where the worker's own types become protobuf and back; nothing below it knows gRPC.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::master_client::MasterClient;
-use strata_proto::{BlockReport, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage};
+use strata_proto::{
+    BlockReport, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage, WorkerCounters,
+    WorkerMountsRequest,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
-use crate::blockstore::BlockStore;
+use crate::blocks::BlockService;
 use crate::metrics_defs as m;
+use crate::mounts::{MountSnapshot, MountSource, MountSpec};
+use crate::stats::CounterSnapshot;
 use crate::tier::{Tier, TierEvent, TierKind};
 
+/// How the worker is reached, as it registers.
 pub struct Identity {
     pub worker_id: String,
     pub data_addr: String,
     pub http_addr: String,
+}
+
+/// A (lazily connected) gRPC client of the master.
+pub fn connect(master_addr: &str) -> Result<MasterClient<Channel>, tonic::transport::Error> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{master_addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10));
+    Ok(MasterClient::new(endpoint.connect_lazy()))
+}
+
+/// The master as the source of a worker's (or sidecar's) mount table.
+pub struct MasterMounts {
+    pub client: MasterClient<Channel>,
+    pub worker_id: String,
+}
+
+#[async_trait]
+impl MountSource for MasterMounts {
+    async fn fetch(&self) -> Result<MountSnapshot, String> {
+        let req = WorkerMountsRequest { worker_id: self.worker_id.clone() };
+        let list =
+            self.client.clone().worker_mounts(req).await.map_err(|s| s.message().to_string())?.into_inner();
+        Ok(MountSnapshot {
+            epoch: list.epoch,
+            mounts: list
+                .mounts
+                .into_iter()
+                .map(|m| MountSpec {
+                    path: m.path,
+                    uri: m.uri,
+                    options: m.options.into_iter().collect(),
+                    block_size: m.block_size,
+                })
+                .collect(),
+        })
+    }
 }
 
 fn proto_tier(kind: TierKind) -> ProtoTier {
@@ -50,25 +96,30 @@ fn report(key: &strata_common::BlockKey, tier: TierKind, size: u64) -> BlockRepo
     }
 }
 
-pub async fn connect(master_addr: &str) -> Result<MasterClient<Channel>, tonic::transport::Error> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{master_addr}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10));
-    Ok(MasterClient::new(endpoint.connect_lazy()))
+fn proto_counters(c: CounterSnapshot) -> WorkerCounters {
+    WorkerCounters {
+        cache_hits: c.cache_hits,
+        cache_misses: c.cache_misses,
+        ufs_reads: c.ufs_reads,
+        ufs_bytes_read: c.ufs_bytes_read,
+        bytes_served: c.bytes_served,
+        corrupt_blocks: c.corrupt_blocks,
+    }
 }
 
+/// Registers and heartbeats until `cancel`.
 pub async fn run(
     client: MasterClient<Channel>,
     id: Identity,
-    store: Arc<BlockStore>,
+    blocks: Arc<BlockService>,
     cancel: CancellationToken,
 ) {
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;
     let mut full_report = true;
-    let mut backoff = Duration::from_millis(100);
-    let tiers: [Arc<dyn Tier>; 2] = [store.memory.clone(), store.nvme.clone()];
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let tiers: Vec<Arc<dyn Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
     while !cancel.is_cancelled() {
         if !registered {
             let req = RegisterWorkerRequest {
@@ -83,16 +134,15 @@ pub async fn run(
                     interval = Duration::from_millis(resp.heartbeat_interval_ms.max(10));
                     registered = true;
                     full_report = true;
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     info!(worker = %id.worker_id, epoch = resp.membership_epoch, "registered with master");
-                    if resp.mounts_epoch != store.mounts_epoch() {
-                        store.refresh_mounts().await;
+                    if resp.mounts_epoch != blocks.mounts().epoch() {
+                        blocks.mounts().refresh().await;
                     }
                 }
                 Err(status) => {
                     warn!(worker = %id.worker_id, err = %status.message(), "registration failed; retrying");
-                    sleep_or_cancel(backoff, &cancel).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    sleep_or_cancel(backoff.next_delay(), &cancel).await;
                     continue;
                 }
             }
@@ -112,12 +162,12 @@ pub async fn run(
                 }
             }
         }
-        let counters = store.counters();
+        let counters = blocks.counters();
         metrics::counter!(m::CORRUPT_BLOCKS).absolute(counters.corrupt_blocks);
         let req = HeartbeatRequest {
             worker_id: id.worker_id.clone(),
             tiers: tiers.iter().map(|t| usage(t.as_ref())).collect(),
-            counters: Some(counters),
+            counters: Some(proto_counters(counters)),
             added,
             removed,
             full_report,
@@ -131,8 +181,8 @@ pub async fn run(
                     registered = false;
                     continue;
                 }
-                if resp.mounts_epoch != store.mounts_epoch() {
-                    store.refresh_mounts().await;
+                if resp.mounts_epoch != blocks.mounts().epoch() {
+                    blocks.mounts().refresh().await;
                 }
             }
             Err(status) => {
@@ -143,12 +193,5 @@ pub async fn run(
             }
         }
         sleep_or_cancel(interval, &cancel).await;
-    }
-}
-
-async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = tokio::time::sleep(d) => {}
     }
 }

@@ -13,65 +13,35 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use strata_client::{Client, ClientConfig, FileInfo};
+use strata_common::background::spawn_loop;
+use strata_common::upstream::Upstream;
 use strata_ufs::UfsFactory;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::blockstore::{BlockStore, Upstream, UpstreamError, UpstreamRead};
+use crate::blocks::BlockService;
+use crate::grants::Grants;
 use crate::{WorkerConfig, WorkerError, dataplane, master_link};
 
 /// How often a sidecar asks the master for the mount table (workers learn changes from their
 /// heartbeat answers; a sidecar has no heartbeat). An unknown mount is fetched at once anyway.
 const MOUNT_REFRESH: Duration = Duration::from_secs(10);
 
-/// The cluster as a sidecar's upstream: a block is read from its owner on the ring, with the
-/// client SDK's failover to the next workers.
-pub struct ClusterUpstream {
-    client: Client,
-}
-
-impl ClusterUpstream {
-    pub fn new(client: Client) -> Self {
-        Self { client }
-    }
-}
-
-#[async_trait]
-impl Upstream for ClusterUpstream {
-    async fn read_block(&self, read: UpstreamRead<'_>) -> Result<Bytes, UpstreamError> {
-        let info = FileInfo {
-            path: read.path.to_string(),
-            is_dir: false,
-            size: read.file_size,
-            version: read.version.to_string(),
-            mtime_ms: 0,
-            block_size: read.block_size,
-            file_id: read.file_id.to_string(),
-        };
-        self.client
-            .read_range_of(&info, read.index * read.block_size, read.len)
-            .await
-            .map_err(|e| UpstreamError(e.to_string()))
-    }
-}
-
 /// A running sidecar. Dropping it does not stop it: call [`SidecarHandle::shutdown`].
 pub struct SidecarHandle {
     pub socket_path: PathBuf,
     pub http_addr: std::net::SocketAddr,
-    pub store: Arc<BlockStore>,
+    pub blocks: Arc<BlockService>,
+    pub grants: Arc<Grants>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl SidecarHandle {
     pub async fn shutdown(self) {
-        self.store.flush().await;
+        self.blocks.flush().await;
         self.cancel.cancel();
         for task in self.tasks {
             task.abort();
@@ -82,30 +52,37 @@ impl SidecarHandle {
 }
 
 /// Starts a sidecar: `config.socket_path` is required; `data_addr` is not used (a sidecar has
-/// no TCP data plane). The master must be reachable at start (its membership is the upstream).
-pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result<SidecarHandle, WorkerError> {
+/// no TCP data plane). `upstream` is the cluster (the client SDK's `ClusterUpstream`), asked
+/// for a miss before the UFS; the master gives the mount table.
+pub async fn start(
+    config: WorkerConfig,
+    factory: Arc<dyn UfsFactory>,
+    upstream: Arc<dyn Upstream>,
+) -> Result<SidecarHandle, WorkerError> {
+    start_with_clock(config, factory, upstream, strata_common::clock::system()).await
+}
+
+/// [`start`] with `clock` deciding leases and quiet times (tests).
+pub async fn start_with_clock(
+    config: WorkerConfig,
+    factory: Arc<dyn UfsFactory>,
+    upstream: Arc<dyn Upstream>,
+    clock: strata_common::SharedClock,
+) -> Result<SidecarHandle, WorkerError> {
     let socket_path = config.socket_path.clone().ok_or(WorkerError::Sidecar {
         reason: "sidecar mode needs a socket path (--socket or socket_path)".into(),
     })?;
     let worker_id =
         config.worker_id.clone().unwrap_or_else(|| format!("sidecar-{}", uuid::Uuid::new_v4().simple()));
-
-    let store = crate::open_store(&config, factory).await?;
-
-    // The sidecar is a client of the cluster; it must never route through a sidecar socket
-    // itself (the pod's environment may name its own socket).
-    let mut client_config = ClientConfig::new(config.master_addr.clone());
-    client_config.sidecar_socket = None;
-    client_config.request_timeout = Duration::from_millis(config.ufs_timeout_ms);
-    let client = Client::connect(client_config)
-        .await
-        .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
-    store.set_upstream(Arc::new(ClusterUpstream::new(client)));
+    let blocks = crate::open_blocks(&config, factory, clock.clone()).await?;
+    let grants = Arc::new(Grants::from_config(&config, clock)?);
+    blocks.set_upstream(upstream);
     let master = master_link::connect(&config.master_addr)
-        .await
         .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
-    store.set_master(master, worker_id.clone());
-    store.refresh_mounts().await;
+    blocks
+        .mounts()
+        .set_source(Arc::new(master_link::MasterMounts { client: master, worker_id: worker_id.clone() }));
+    blocks.mounts().refresh().await;
 
     let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
     // A socket file left by an earlier container of this pod would make bind fail.
@@ -126,25 +103,23 @@ pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result
     }
 
     let cancel = CancellationToken::new();
-    let dp = tokio::spawn(dataplane::serve_unix(listener, store.clone(), cancel.clone()));
-    let (http_addr, http_task) = crate::serve_ops(config.http_addr, &store).await?;
+    let plane = dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone() };
+    let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
+    let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;
     let refresher = {
-        let (store, cancel) = (store.clone(), cancel.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(MOUNT_REFRESH) => store.refresh_mounts().await,
-                }
-            }
+        let blocks = blocks.clone();
+        spawn_loop(MOUNT_REFRESH, cancel.clone(), move || {
+            let blocks = blocks.clone();
+            async move { blocks.mounts().refresh().await }
         })
     };
     info!(sidecar = %worker_id, socket = %socket_path.display(), %http_addr, "sidecar started");
-    let writeback = crate::spawn_writeback(&store, &cancel);
+    let writeback = crate::spawn_writeback(&blocks, &cancel);
     Ok(SidecarHandle {
         socket_path,
         http_addr,
-        store,
+        blocks,
+        grants,
         cancel,
         tasks: vec![dp, http_task, refresher, writeback],
     })
@@ -153,16 +128,20 @@ pub async fn start(config: WorkerConfig, factory: Arc<dyn UfsFactory>) -> Result
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
-    use std::sync::atomic::Ordering;
 
-    use strata_common::frame::{ReadBlockRequest, Source};
-    use strata_proto::{MountInfo, MountList};
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use strata_common::frame::Source;
+    use strata_common::upstream::{UpstreamError, UpstreamRead};
     use strata_ufs::OpendalFactory;
     use strata_ufs::testing::CountingFactory;
 
-    use crate::tier::MemoryTier;
-
     use super::*;
+    use crate::blocks::BlockRead;
+    use crate::cache::{BlockCache, CacheConfig};
+    use crate::mounts::{MountSnapshot, MountSpec, Mounts, StaticMounts};
+    use crate::stats::Counters;
+    use crate::tier::MemoryTier;
 
     /// An upstream that answers from a script: the block's bytes, a wrong length, or an error.
     struct ScriptedUpstream {
@@ -189,23 +168,31 @@ mod tests {
         let data: Vec<u8> = (0..2500u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(dir.path().join("f.bin"), &data).unwrap();
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
-        let store = BlockStore::new(
+        let counters = Arc::new(Counters::default());
+        let cache = Arc::new(BlockCache::new(
             Arc::new(MemoryTier::new(1 << 20)),
             Arc::new(MemoryTier::new(0)),
-            factory.clone(),
-            Duration::from_secs(10),
-            1 << 20,
-        );
+            CacheConfig::default(),
+            counters.clone(),
+        ));
+        let mounts = Arc::new(Mounts::new(factory.clone()));
         let uri = format!("file://{}", dir.path().display());
-        store.set_mounts(&MountList {
+        mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
             epoch: 1,
-            mounts: vec![MountInfo {
+            mounts: vec![MountSpec {
                 path: "/d".into(),
                 uri: uri.clone(),
+                options: Default::default(),
                 block_size: 1024,
-                ..Default::default()
             }],
-        });
+        })));
+        let blocks = BlockService::new(
+            cache,
+            counters,
+            mounts,
+            Duration::from_secs(10),
+            strata_common::clock::system(),
+        );
         let version = factory.open(&uri, &Default::default()).unwrap().stat("f.bin").await.unwrap().version;
         let upstream = Arc::new(ScriptedUpstream {
             answers: Mutex::new(vec![
@@ -215,28 +202,27 @@ mod tests {
             ]),
             asked: Mutex::new(Vec::new()),
         });
-        store.set_upstream(upstream.clone());
-        let req = |index: u64, len: u64| ReadBlockRequest {
-            req_id: 1,
+        blocks.set_upstream(upstream.clone());
+        let req = |index: u64, len: u64| BlockRead {
             path: "/d/f.bin".into(),
             version: version.clone(),
             file_size: data.len() as u64,
             block_size: 1024,
-            block_index: index,
+            index,
             offset: 0,
             len,
         };
 
         // Block 0 comes from the upstream and is kept: the second read is a memory hit.
-        let (bytes, _) = store.read(&req(0, 1024)).await.unwrap();
+        let (bytes, _) = blocks.read(&req(0, 1024)).await.unwrap();
         assert_eq!(&bytes[..], &data[..1024]);
-        assert_eq!(store.read(&req(0, 1024)).await.unwrap().1, Source::Memory);
+        assert_eq!(blocks.read(&req(0, 1024)).await.unwrap().1, Source::Memory);
         // Block 1: the upstream sends a wrong length, so the UFS is read. Block 2 (the last,
         // 452 bytes): the upstream fails, so the UFS is read.
-        assert_eq!(&store.read(&req(1, 1024)).await.unwrap().0[..], &data[1024..2048]);
-        assert_eq!(&store.read(&req(2, 452)).await.unwrap().0[..], &data[2048..]);
+        assert_eq!(&blocks.read(&req(1, 1024)).await.unwrap().0[..], &data[1024..2048]);
+        assert_eq!(&blocks.read(&req(2, 452)).await.unwrap().0[..], &data[2048..]);
 
-        assert_eq!(store.counters.upstream_reads.load(Ordering::Relaxed), 1);
+        assert_eq!(blocks.counters().upstream_reads, 1);
         assert_eq!(factory.counters.reads(), 2, "only the blocks the upstream could not serve");
         let asked = upstream.asked.lock().unwrap().clone();
         assert_eq!(

@@ -30,13 +30,6 @@ pub enum TierError {
     TooLarge { size: u64, capacity: u64 },
 }
 
-impl TierError {
-    /// Tier errors never fail a read: the block is fetched from below instead.
-    pub fn is_temporary(&self) -> bool {
-        true
-    }
-}
-
 pub type Result<T> = std::result::Result<T, TierError>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -187,7 +187,12 @@ async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
         cfg.socket_path = Some(s);
     }
     if cfg.sidecar {
-        let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory)).await?;
+        let timeout = std::time::Duration::from_millis(cfg.ufs_timeout_ms);
+        let upstream =
+            strata_client::ClusterUpstream::connect(&cfg.master_addr, timeout).await.with_context(|| {
+                format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr)
+            })?;
+        let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory), Arc::new(upstream)).await?;
         println!("sidecar serving data on unix:{} (http {})", handle.socket_path.display(), handle.http_addr);
         wait_for_shutdown().await?;
         handle.shutdown().await;

@@ -89,10 +89,18 @@ fn standalone_serves_the_cli_and_reports_clear_errors() {
     assert!(std::fs::read(out.path().join("blob.bin")).unwrap() == data);
 
     // Two cats and a cp of a 2-block file: 2 misses, then hits; the UFS was read once.
-    std::thread::sleep(Duration::from_millis(2500)); // one heartbeat carries the counters
-    let status = run(&master, &["status", "--json"]);
-    assert!(status.status.success(), "{}", stderr(&status));
-    let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    // One heartbeat carries the counters: poll the status until it has.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let status = run(&master, &["status", "--json"]);
+        assert!(status.status.success(), "{}", stderr(&status));
+        let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        let seen = |k: &str| s["totals"][k].as_u64().unwrap_or(0);
+        if (seen("cache_misses") >= 2 && seen("cache_hits") >= 4) || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(s["totals"]["cache_misses"], 2, "{s}");
     assert_eq!(s["totals"]["cache_hits"], 4, "{s}");
     assert_eq!(s["totals"]["ufs_bytes_read"], 5_000_000, "{s}");

@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::Ordering;
+
 use std::time::{Duration, Instant};
 
 use strata_testkit::{Cluster, ClusterOptions, pattern};
@@ -79,7 +79,7 @@ async fn cat(master: &str, socket: &Path, path: &str) -> Vec<u8> {
 }
 
 fn served_by_cluster(cluster: &Cluster, workers: &[usize]) -> u64 {
-    workers.iter().map(|&i| cluster.worker(i).store.counters.bytes_served.load(Ordering::Relaxed)).sum()
+    workers.iter().map(|&i| cluster.worker(i).blocks.counters().bytes_served).sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,7 @@ mod rdma;
 mod reader;
 pub mod shortcircuit;
 pub mod transport;
+mod upstream;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -49,6 +50,7 @@ pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, R
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
 pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError, UnixTransport};
+pub use upstream::ClusterUpstream;
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
 pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";

@@ -23,7 +23,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::ErrorKind;
-use strata_common::frame::{BlockGrant, GrantHandle, LeaseRelease, Op, ReadBlockRequest, RemoteRead, Source};
+use strata_common::frame::{
+    BlockGrant, GrantHandle, GrantKind, LeaseRelease, ReadBlockRequest, RemoteRead, Source,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
@@ -147,7 +149,7 @@ impl<R: RemoteReader> RdmaTransport<R> {
         req: &ReadBlockRequest,
     ) -> Result<(BlockGrant, Source), TransportError> {
         stream
-            .write_all(&req.encode_as(Op::OpenBlock))
+            .write_all(&req.encode_open(GrantKind::Rdma))
             .await
             .map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
         let (payload, source) =
@@ -193,7 +195,7 @@ impl<R: RemoteReader> RdmaTransport<R> {
             }),
         };
         // Given back whatever the read did; no response, so the connection stays in sync.
-        let release = LeaseRelease { lease_id: grant.lease_id }.encode();
+        let release = LeaseRelease { lease_id: grant.lease_id, kind: GrantKind::Rdma }.encode();
         match stream.write_all(&release).await {
             Ok(()) => self.control.checkin(addr, stream),
             Err(e) => debug!(worker = addr, err = %e, "release not sent; the lease will expire"),
@@ -298,7 +300,7 @@ mod tests {
                         let (op, len) = decode_request_header(&head).unwrap();
                         let mut body = vec![0u8; len];
                         s.read_exact(&mut body).await.unwrap();
-                        if op != Op::ReadBlock {
+                        if op != strata_common::frame::Op::ReadBlock {
                             let msg = b"unknown op 5";
                             let h = ResponseHeader {
                                 status: Err(ErrorKind::BadFrame),

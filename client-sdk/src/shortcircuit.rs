@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use strata_common::fdpass::read_exact_with_fds;
 use strata_common::frame::{
-    BlockGrant, GrantHandle, LeaseRelease, MAX_ERROR_MESSAGE, Op, RESPONSE_HEADER_LEN, ReadBlockRequest,
-    ResponseHeader,
+    BlockGrant, GrantHandle, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, RESPONSE_HEADER_LEN,
+    ReadBlockRequest, ResponseHeader,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -93,7 +93,7 @@ impl Shared {
 }
 
 fn encode_releases(ids: &[u64]) -> Vec<u8> {
-    ids.iter().flat_map(|&lease_id| LeaseRelease { lease_id }.encode()).collect()
+    ids.iter().flat_map(|&lease_id| LeaseRelease { lease_id, kind: GrantKind::Fd }.encode()).collect()
 }
 
 /// Gives the lease back when dropped.
@@ -328,7 +328,7 @@ impl ShortCircuit {
         let io = |source| TransportError::Io { addr: addr.to_string(), source };
         let protocol = |reason: String| TransportError::Protocol { addr: addr.to_string(), reason };
         let mut out = encode_releases(&self.shared.take_releases());
-        out.extend_from_slice(&req.encode_as(Op::OpenBlock));
+        out.extend_from_slice(&req.encode_open(GrantKind::Fd));
         stream.write_all(&out).await.map_err(io)?;
 
         let mut fds = Vec::new();
@@ -522,9 +522,9 @@ mod tests {
         drop(bytes);
         assert!(shared.releases.lock().unwrap().is_empty());
         drop(slice);
-        let mut frame = vec![0u8; LeaseRelease { lease_id: 41 }.encode().len()];
+        let mut frame = vec![0u8; LeaseRelease { lease_id: 41, kind: GrantKind::Fd }.encode().len()];
         b.read_exact(&mut frame).await.unwrap();
-        assert_eq!(frame, LeaseRelease { lease_id: 41 }.encode());
+        assert_eq!(frame, LeaseRelease { lease_id: 41, kind: GrantKind::Fd }.encode());
 
         // No idle connection: the release waits for the next request.
         shared.idle.lock().unwrap().clear();

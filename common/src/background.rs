@@ -16,7 +16,7 @@ pub async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
-/// Exponential backoff with jitter: each [`next`](Self::next) is a random duration between half
+/// Exponential backoff with jitter: each [`next_delay`](Self::next_delay) is a random duration between half
 /// and all of the current step, and the step doubles up to `max`; [`reset`](Self::reset) after
 /// a success. Jitter keeps many workers that lost the same master from retrying in lockstep.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ impl Backoff {
     }
 
     /// The next delay to wait.
-    pub fn next(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         // xorshift64: enough randomness to spread retries, no dependency.
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;
@@ -91,7 +91,7 @@ mod tests {
         let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(800));
         let mut steps = Vec::new();
         for _ in 0..6 {
-            steps.push(b.next());
+            steps.push(b.next_delay());
         }
         let caps = [100, 200, 400, 800, 800, 800];
         for (d, cap) in steps.iter().zip(caps) {
@@ -99,7 +99,7 @@ mod tests {
             assert!(*d >= cap / 2 && *d <= cap, "{d:?} outside {:?}..={cap:?}", cap / 2);
         }
         b.reset();
-        assert!(b.next() <= Duration::from_millis(100));
+        assert!(b.next_delay() <= Duration::from_millis(100));
     }
 
     #[tokio::test(start_paused = true)]

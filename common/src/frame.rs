@@ -10,9 +10,11 @@
 //!            path_len:u16 path version_len:u16 version
 //! response = "STR1" status:u8 source:u8 0:u16 req_id:u64 payload_len:u64 | payload
 //! ```
-//! `OpenBlock` takes a read's body and answers a 40-byte [`BlockGrant`] instead of the bytes
-//! (with a file descriptor attached on a Unix socket); `Release` (body `lease_id:u64`, no
-//! response) ends a grant's lease early; `RemoteRead` (body `req_id:u64 addr:u64 rkey:u32
+//! `OpenBlock` (body = a read's body, then `grant_kind:u8`) asks for the range as a grant of
+//! that kind and answers a 40-byte [`BlockGrant`] instead of the bytes: kind 1 is a file
+//! descriptor passed with the answer (short-circuit; only a Unix socket can carry it), kind 2 a
+//! registered memory region (RDMA); `Release` (body `lease_id:u64 grant_kind:u8`, no response)
+//! ends a grant's lease early; `RemoteRead` (body `req_id:u64 addr:u64 rkey:u32
 //! len:u64`) reads granted registered memory — RDMA's one-sided READ, emulated over TCP;
 //! `RdmaConnect` (body an [`RdmaEndpoint`], answered by the worker's) connects a real RDMA queue
 //! pair for as long as its connection stays open.
@@ -57,9 +59,8 @@ pub enum Op {
     WriteData = 3,
     /// Commit the file being written.
     WriteEnd = 4,
-    /// Ask for a block range as a [`BlockGrant`] instead of bytes: a file descriptor passed
-    /// with the response (Unix socket, short-circuit) or a registered memory region (RDMA).
-    /// The body is a [`ReadBlockRequest`]'s.
+    /// Ask for a block range as a [`BlockGrant`] of the [`GrantKind`] the body names, instead
+    /// of bytes ([`OpenBlock`]).
     OpenBlock = 5,
     /// Give back a grant's lease early ([`LeaseRelease`]); no response.
     Release = 6,
@@ -126,14 +127,21 @@ pub enum FrameError {
 
 impl ReadBlockRequest {
     pub fn encode(&self) -> Vec<u8> {
-        self.encode_as(Op::ReadBlock)
+        self.encode_with(Op::ReadBlock, 0)
     }
 
-    /// The same request under another op that takes a read's body ([`Op::OpenBlock`]).
-    pub fn encode_as(&self, op: Op) -> Vec<u8> {
+    /// The same range asked for as a grant of `kind` ([`Op::OpenBlock`]).
+    pub fn encode_open(&self, kind: GrantKind) -> Vec<u8> {
+        let mut out = self.encode_with(Op::OpenBlock, 1);
+        out.push(kind as u8);
+        out
+    }
+
+    /// The request under `op`, with room announced for `extra` body bytes the caller appends.
+    fn encode_with(&self, op: Op, extra: usize) -> Vec<u8> {
         let body_len = 48 + 2 + self.path.len() + 2 + self.version.len();
-        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len);
-        out.extend_from_slice(&request_header(op, body_len));
+        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len + extra);
+        out.extend_from_slice(&request_header(op, body_len + extra));
         for v in [self.req_id, self.file_size, self.block_size, self.block_index, self.offset, self.len] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -185,12 +193,53 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::Release => LeaseRelease::BODY_LEN,
         Op::RemoteRead => RemoteRead::BODY_LEN,
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
-        Op::ReadBlock | Op::OpenBlock | Op::WriteBegin => MAX_REQUEST_BODY,
+        Op::ReadBlock | Op::WriteBegin => MAX_REQUEST_BODY,
+        Op::OpenBlock => MAX_REQUEST_BODY + 1,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
     }
     Ok((op, body_len))
+}
+
+/// The kind of grant an [`Op::OpenBlock`] asks for (and a [`LeaseRelease`] gives back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum GrantKind {
+    /// A file descriptor passed with the answer (SCM_RIGHTS): short-circuit reads by a client
+    /// on the same host. Only a Unix socket can carry it.
+    Fd = 1,
+    /// A registered memory region the client reads one-sided (RDMA).
+    Rdma = 2,
+}
+
+impl GrantKind {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Fd),
+            2 => Some(Self::Rdma),
+            _ => None,
+        }
+    }
+}
+
+/// Body of [`Op::OpenBlock`]: a read's body and the kind of grant asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenBlock {
+    pub read: ReadBlockRequest,
+    pub kind: GrantKind,
+}
+
+impl OpenBlock {
+    pub fn encode(&self) -> Vec<u8> {
+        self.read.encode_open(self.kind)
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        let (&kind, read) = body.split_last().ok_or(FrameError::Malformed)?;
+        let kind = GrantKind::from_u8(kind).ok_or(FrameError::Malformed)?;
+        Ok(Self { read: ReadBlockRequest::decode_body(read)?, kind })
+    }
 }
 
 /// How a granted block range is reached.
@@ -248,24 +297,29 @@ impl BlockGrant {
     }
 }
 
-/// Body of [`Op::Release`]: the lease given back.
+/// Body of [`Op::Release`]: the lease given back, and the kind of grant it held (each kind has
+/// its own lease table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseRelease {
     pub lease_id: u64,
+    pub kind: GrantKind,
 }
 
 impl LeaseRelease {
-    pub const BODY_LEN: usize = 8;
+    pub const BODY_LEN: usize = 9;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut out = request_header(Op::Release, Self::BODY_LEN).to_vec();
         out.extend_from_slice(&self.lease_id.to_le_bytes());
+        out.push(self.kind as u8);
         out
     }
 
     pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
-        let lease_id = u64::from_le_bytes(body.try_into().map_err(|_| FrameError::Malformed)?);
-        Ok(Self { lease_id })
+        let body: &[u8; Self::BODY_LEN] = body.try_into().map_err(|_| FrameError::Malformed)?;
+        let lease_id = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+        let kind = GrantKind::from_u8(body[8]).ok_or(FrameError::Malformed)?;
+        Ok(Self { lease_id, kind })
     }
 }
 
@@ -537,22 +591,44 @@ mod tests {
         assert_eq!(BlockGrant::decode(&bad), Err(FrameError::Malformed));
         assert_eq!(BlockGrant::decode(&bad[..10]), Err(FrameError::Malformed));
 
-        let rel = LeaseRelease { lease_id: 77 }.encode();
-        let header: [u8; REQUEST_HEADER_LEN] = rel[..REQUEST_HEADER_LEN].try_into().unwrap();
-        assert_eq!(decode_request_header(&header).unwrap(), (Op::Release, LeaseRelease::BODY_LEN));
-        assert_eq!(LeaseRelease::decode_body(&rel[REQUEST_HEADER_LEN..]).unwrap().lease_id, 77);
+        for kind in [GrantKind::Fd, GrantKind::Rdma] {
+            let rel = LeaseRelease { lease_id: 77, kind }.encode();
+            let header: [u8; REQUEST_HEADER_LEN] = rel[..REQUEST_HEADER_LEN].try_into().unwrap();
+            assert_eq!(decode_request_header(&header).unwrap(), (Op::Release, LeaseRelease::BODY_LEN));
+            assert_eq!(
+                LeaseRelease::decode_body(&rel[REQUEST_HEADER_LEN..]).unwrap(),
+                LeaseRelease { lease_id: 77, kind }
+            );
+        }
+        let mut bad_kind = LeaseRelease { lease_id: 1, kind: GrantKind::Fd }.encode();
+        *bad_kind.last_mut().unwrap() = 3;
+        assert_eq!(LeaseRelease::decode_body(&bad_kind[REQUEST_HEADER_LEN..]), Err(FrameError::Malformed));
 
         let rr = RemoteRead { req_id: 3, addr: 1 << 40, rkey: 7, len: 4096 };
         let enc = rr.encode();
         let header: [u8; REQUEST_HEADER_LEN] = enc[..REQUEST_HEADER_LEN].try_into().unwrap();
         assert_eq!(decode_request_header(&header).unwrap(), (Op::RemoteRead, RemoteRead::BODY_LEN));
         assert_eq!(RemoteRead::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(), rr);
-        assert!(decode_request_header(&request_header(Op::Release, 9)).is_err());
+        assert!(decode_request_header(&request_header(Op::Release, 10)).is_err());
 
-        let open = sample().encode_as(Op::OpenBlock);
-        let header: [u8; REQUEST_HEADER_LEN] = open[..REQUEST_HEADER_LEN].try_into().unwrap();
-        assert_eq!(decode_request_header(&header).unwrap().0, Op::OpenBlock);
-        assert_eq!(ReadBlockRequest::decode_body(&open[REQUEST_HEADER_LEN..]).unwrap(), sample());
+        for kind in [GrantKind::Fd, GrantKind::Rdma] {
+            let open = OpenBlock { read: sample(), kind }.encode();
+            let header: [u8; REQUEST_HEADER_LEN] = open[..REQUEST_HEADER_LEN].try_into().unwrap();
+            assert_eq!(
+                decode_request_header(&header).unwrap(),
+                (Op::OpenBlock, open.len() - REQUEST_HEADER_LEN)
+            );
+            assert_eq!(
+                OpenBlock::decode_body(&open[REQUEST_HEADER_LEN..]).unwrap(),
+                OpenBlock { read: sample(), kind }
+            );
+        }
+        // A read's body without a kind, or with an unknown one, is malformed.
+        let read = sample().encode();
+        assert_eq!(OpenBlock::decode_body(&read[REQUEST_HEADER_LEN..]), Err(FrameError::Malformed));
+        let mut unknown = sample().encode_open(GrantKind::Fd);
+        *unknown.last_mut().unwrap() = 0;
+        assert_eq!(OpenBlock::decode_body(&unknown[REQUEST_HEADER_LEN..]), Err(FrameError::Malformed));
     }
 
     #[test]

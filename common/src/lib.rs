@@ -16,6 +16,7 @@ pub mod mount_options;
 pub mod path;
 pub mod ring;
 pub mod units;
+pub mod upstream;
 
 pub use block::{BlockKey, BlockSlice, block_slices};
 pub use clock::{Clock, SharedClock};

@@ -71,7 +71,7 @@ async fn main() {
     };
     let cluster = Cluster::start_with(opts, ufs).await;
     if std::env::args().any(|a| a == "--write-through") {
-        cluster.worker(0).store.set_writeback_idle(std::time::Duration::ZERO);
+        cluster.worker(0).blocks.cache().set_writeback_idle(std::time::Duration::ZERO);
     }
     let client = cluster.client().await;
     let info = client.stat("/data/p.bin").await.unwrap();

@@ -31,7 +31,7 @@ async fn main() {
     let info = client.stat("/data/n.bin").await.unwrap();
     assert_eq!(client.read_all("/data/n.bin").await.unwrap().len() as u64, size);
     cluster.flush().await;
-    let store = &cluster.worker(0).store;
+    let store = cluster.worker(0).blocks.cache();
     for round in 0..3 {
         for zero_copy in [true, false] {
             store.set_zero_copy(zero_copy);

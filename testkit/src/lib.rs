@@ -180,7 +180,7 @@ impl Cluster {
     /// Waits until every running worker has written its queued NVMe blocks.
     pub async fn flush(&self) {
         for w in self.workers.iter().flatten() {
-            w.store.flush().await;
+            w.blocks.flush().await;
         }
     }
 
@@ -235,6 +235,20 @@ impl Cluster {
             assert!(Instant::now() < deadline, "timed out waiting for {n} live workers");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Polls `check` until it holds, failing the test with `what` after `within`: how a test waits
+/// for something another task does (a heartbeat, a TTL, a release) without a fixed sleep.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

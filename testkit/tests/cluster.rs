@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use strata_client::ClientError;
-use strata_testkit::{Cluster, ClusterOptions, pattern};
+use strata_testkit::{Cluster, ClusterOptions, eventually, pattern};
 
 const MIB: usize = 1 << 20;
 
@@ -106,7 +106,10 @@ async fn second_read_is_served_from_the_tiers() {
     }
 
     // The master's status sums the workers' counters (reported by heartbeat).
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    eventually("a heartbeat reported the misses", Duration::from_secs(20), || async {
+        client.status().await.unwrap().totals.unwrap().cache_misses >= 11
+    })
+    .await;
     let status = client.status().await.unwrap();
     let totals = status.totals.unwrap();
     assert_eq!(totals.cache_misses, 11);
@@ -179,7 +182,7 @@ async fn restarted_workers_serve_their_nvme_blocks_without_the_ufs() {
         assert_eq!(&cluster.worker(i).worker_id, id, "a restarted worker keeps its id");
     }
     cluster.wait_for_live_workers(3).await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // clients pick up the new ports
+    client.refresh_view().await.unwrap(); // the new ports
     assert_eq!(client.read_all("/data/persist.bin").await.unwrap(), data);
     assert_eq!(cluster.ufs_reads(), before, "restarted workers served from NVMe");
 }
@@ -218,11 +221,11 @@ async fn a_corrupted_nvme_block_is_detected_and_refetched() {
     std::fs::write(&files[0], &raw).unwrap();
     cluster.restart_worker(0).await;
     cluster.wait_for_live_workers(1).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.refresh_view().await.unwrap(); // the restarted worker's new port
     let before = cluster.ufs_reads();
     assert_eq!(client.read_all("/data/c.bin").await.unwrap(), data, "corrupt bytes are never served");
     assert_eq!(cluster.ufs_reads(), before + 1, "the corrupt block was fetched again");
-    assert_eq!(cluster.worker(0).store.counters().corrupt_blocks, 1);
+    assert_eq!(cluster.worker(0).blocks.counters().corrupt_blocks, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -230,14 +233,14 @@ async fn blocks_read_by_clients_reach_nvme_when_dram_evicts_them_or_at_flush() {
     // DRAM holds 3 of the file's 8 blocks; idle write-back is pushed out of the test's way.
     let opts = ClusterOptions { workers: 1, memory_capacity: 3 * MIB as u64, ..ClusterOptions::default() };
     let mut cluster = Cluster::start(opts).await;
-    let store = cluster.worker(0).store.clone();
+    let store = cluster.worker(0).blocks.cache().clone();
     store.set_writeback_idle(Duration::from_secs(3600));
     let data = pattern(8 * MIB, 31);
     cluster.write_file("wb.bin", &data);
     let client = cluster.client().await;
     assert_eq!(client.read_all("/data/wb.bin").await.unwrap(), data);
     store.nvme_writes_settled().await;
-    let nvme_blocks = |c: &Cluster| c.worker(0).store.tier_usage().1.blocks;
+    let nvme_blocks = |c: &Cluster| c.worker(0).blocks.cache().tier_usage().1.blocks;
     assert_eq!(nvme_blocks(&cluster), 5, "exactly the 5 blocks DRAM evicted were written");
     assert_eq!(store.dirty_blocks(), 3, "the 3 in DRAM wait");
     store.flush().await;
@@ -254,7 +257,7 @@ async fn blocks_read_by_clients_reach_nvme_when_dram_evicts_them_or_at_flush() {
     // Quiet reads hand dirty blocks to the idle writer.
     let more = pattern(2 * MIB, 32);
     cluster.write_file("wb2.bin", &more);
-    let store = cluster.worker(0).store.clone();
+    let store = cluster.worker(0).blocks.cache().clone();
     store.set_writeback_idle(Duration::from_millis(50));
     assert_eq!(client.read_all("/data/wb2.bin").await.unwrap(), more);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -266,7 +269,6 @@ async fn blocks_read_by_clients_reach_nvme_when_dram_evicts_them_or_at_flush() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn verified_nvme_blocks_are_sent_from_their_files_and_unverified_ones_are_checked_first() {
-    use std::sync::atomic::Ordering::Relaxed;
     // No DRAM tier: every hit after the first read is an NVMe hit.
     let opts = ClusterOptions { workers: 1, memory_capacity: 0, ..ClusterOptions::default() };
     let mut cluster = Cluster::start(opts).await;
@@ -276,7 +278,7 @@ async fn verified_nvme_blocks_are_sent_from_their_files_and_unverified_ones_are_
     assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
     cluster.flush().await;
     let ufs_reads = cluster.ufs_reads();
-    let zero_copy = |c: &Cluster| c.worker(0).store.counters.zero_copy_bytes.load(Relaxed);
+    let zero_copy = |c: &Cluster| c.worker(0).blocks.counters().zero_copy_bytes;
 
     // Written by this worker from memory: verified, so sent with sendfile.
     assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
@@ -297,7 +299,7 @@ async fn verified_nvme_blocks_are_sent_from_their_files_and_unverified_ones_are_
     assert_eq!(zero_copy(&cluster), data.len() as u64);
 
     // Turned off, every read goes through the checksum again.
-    cluster.worker(0).store.set_zero_copy(false);
+    cluster.worker(0).blocks.cache().set_zero_copy(false);
     assert_eq!(client.read_all("/data/z.bin").await.unwrap(), data);
     assert_eq!(zero_copy(&cluster), data.len() as u64);
     assert_eq!(cluster.ufs_reads(), ufs_reads);
@@ -311,10 +313,12 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
     cluster.write_file("big.bin", &data);
     cluster.faults().read_delay_ms.store(30, std::sync::atomic::Ordering::SeqCst);
     let client = cluster.client().await;
+    let rounds_done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let readers: Vec<_> = (0..4)
         .map(|i| {
             let client = client.clone();
             let data = data.clone();
+            let rounds_done = rounds_done.clone();
             tokio::spawn(async move {
                 for round in 0..6u64 {
                     let off = (i * 3 + round) * 1_000_003 % (20 * MIB as u64);
@@ -323,11 +327,16 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
                         got[..] == data[off as usize..off as usize + 3 * MIB],
                         "reader {i} round {round}"
                     );
+                    rounds_done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Kill it while the readers are in their rounds (each needs ~5 UFS-delayed blocks).
+    eventually("the readers got going", Duration::from_secs(30), || async {
+        rounds_done.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    })
+    .await;
     let victim = cluster.worker(1).worker_id.clone();
     cluster.kill_worker(1).await;
     for r in readers {
@@ -335,7 +344,7 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
     }
     // After the liveness timeout the master drops it and clients stop placing blocks on it.
     cluster.wait_for_live_workers(2).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.refresh_view().await.unwrap();
     let ring = client.ring().await.unwrap();
     assert!(!ring.contains(&victim));
     assert_eq!(ring.members().len(), 2);
@@ -412,8 +421,14 @@ async fn a_changed_file_is_read_whole_in_its_new_version() {
     // Within the TTL the old version may still be served, but only whole.
     let within = client.read_all("/fresh/v.bin").await.unwrap();
     assert!(within[..] == v1[..] || within[..] == v2[..], "a read mixed versions");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(client.read_all("/fresh/v.bin").await.unwrap(), v2);
+    // Once the 300 ms TTL has passed (on the client and the master), the new version is read;
+    // every read until then is one whole version.
+    eventually("the new version is read after the TTL", Duration::from_secs(20), || async {
+        let got = client.read_all("/fresh/v.bin").await.unwrap();
+        assert!(got[..] == v1[..] || got[..] == v2[..], "a read mixed versions");
+        got[..] == v2[..]
+    })
+    .await;
 
     // A block missing from the cache is fetched against the version the client holds: when
     // the object changed, the worker refuses, and the client re-reads everything at the new

@@ -15,7 +15,7 @@ use strata_client::{
 };
 use strata_common::ErrorKind;
 use strata_common::frame::{
-    BlockGrant, GrantHandle, LeaseRelease, Op, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN, RdmaEndpoint,
+    BlockGrant, GrantHandle, GrantKind, LeaseRelease, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN, RdmaEndpoint,
     ReadBlockRequest, ResponseHeader,
 };
 use strata_testkit::{Cluster, ClusterOptions, pattern};
@@ -33,6 +33,16 @@ fn emulated() -> RdmaConfig {
 
 /// A worker beside the cluster's, with its own RDMA settings.
 async fn rdma_worker(cluster: &Cluster, name: &str, rdma: RdmaConfig) -> WorkerHandle {
+    rdma_worker_with_clock(cluster, name, rdma, strata_common::clock::system()).await
+}
+
+/// An RDMA worker whose leases expire by `clock` (a test advances it instead of sleeping).
+async fn rdma_worker_with_clock(
+    cluster: &Cluster,
+    name: &str,
+    rdma: RdmaConfig,
+    clock: strata_common::SharedClock,
+) -> WorkerHandle {
     let config = WorkerConfig {
         master_addr: cluster.master_addr(),
         data_addr: "127.0.0.1:0".parse().unwrap(),
@@ -43,7 +53,7 @@ async fn rdma_worker(cluster: &Cluster, name: &str, rdma: RdmaConfig) -> WorkerH
         rdma,
         ..WorkerConfig::default()
     };
-    Worker::start(config, cluster.factory.clone()).await.expect("worker starts")
+    Worker::start_with_clock(config, cluster.factory.clone(), clock).await.expect("worker starts")
 }
 
 fn transport() -> RdmaTransport<EmulatedReader> {
@@ -72,15 +82,15 @@ fn expected(data: &[u8], req: &ReadBlockRequest) -> Vec<u8> {
 /// client returns before the worker has processed it.
 async fn wait_for_held(w: &WorkerHandle, n: usize) {
     let deadline = Instant::now() + T;
-    while w.store.rdma_grants_held() != n {
-        assert!(Instant::now() < deadline, "{} grants held, waiting for {n}", w.store.rdma_grants_held());
+    while w.grants.rdma_grants_held() != n {
+        assert!(Instant::now() < deadline, "{} grants held, waiting for {n}", w.grants.rdma_grants_held());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 /// A grant taken by hand on `stream` (and kept until released).
 async fn open_grant(stream: &mut TcpStream, req: &ReadBlockRequest) -> Result<BlockGrant, ErrorKind> {
-    stream.write_all(&req.encode_as(Op::OpenBlock)).await.unwrap();
+    stream.write_all(&req.encode_open(GrantKind::Rdma)).await.unwrap();
     let (head, body) = response(stream).await;
     head.status.map(|_| BlockGrant::decode(&body).unwrap())
 }
@@ -144,7 +154,7 @@ async fn random_ranges_over_emulated_rdma_equal_tcp_and_every_grant_is_released(
     assert_eq!(rdma.remote_reads(), reads + blocks);
     assert_eq!(rdma.fallbacks(), 0, "every read went through a grant");
     wait_for_held(&w, 0).await;
-    assert_eq!(w.store.rdma_registered_bytes(), 0, "released grants hold no memory");
+    assert_eq!(w.grants.rdma_registered_bytes(), 0, "released grants hold no memory");
     w.kill().await;
 }
 
@@ -152,7 +162,14 @@ async fn random_ranges_over_emulated_rdma_equal_tcp_and_every_grant_is_released(
 async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     let cluster = Cluster::start(ClusterOptions { workers: 1, ..ClusterOptions::default() }).await;
     let w = rdma_worker(&cluster, "rdma-0", emulated()).await;
-    let short = rdma_worker(&cluster, "rdma-short", RdmaConfig { grant_ttl_ms: 100, ..emulated() }).await;
+    let clock = strata_common::clock::ManualClock::new();
+    let short = rdma_worker_with_clock(
+        &cluster,
+        "rdma-short",
+        RdmaConfig { grant_ttl_ms: 100, ..emulated() },
+        clock.clone(),
+    )
+    .await;
     let data = pattern(2 * MIB, 5);
     cluster.write_file("s.bin", &data);
     let info = cluster.client().await.stat("/data/s.bin").await.unwrap();
@@ -164,7 +181,7 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     let grant = open_grant(&mut control, &req).await.unwrap();
     assert_eq!(grant.len, 5000);
     let (region, rkey) = rdma_handle(&grant);
-    assert_eq!(w.store.rdma_grants_held(), 1);
+    assert_eq!(w.grants.rdma_grants_held(), 1);
 
     // Inside the region: the bytes of the range.
     let got = reader.read(&addr, region, rkey, 5000).await.unwrap();
@@ -184,7 +201,10 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     );
 
     // Released: the same read that worked is refused (a stale grant).
-    control.write_all(&LeaseRelease { lease_id: grant.lease_id }.encode()).await.unwrap();
+    control
+        .write_all(&LeaseRelease { lease_id: grant.lease_id, kind: GrantKind::Rdma }.encode())
+        .await
+        .unwrap();
     wait_for_held(&w, 0).await;
     assert_eq!(refused(reader.read(&addr, region, rkey, 5000).await), ErrorKind::PermissionDenied);
 
@@ -194,10 +214,10 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     let old = open_grant(&mut control, &req).await.unwrap();
     assert_eq!(old.ttl_ms, 100);
     let (old_region, old_rkey) = rdma_handle(&old);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(Duration::from_millis(100));
     assert_eq!(refused(reader.read(&short_addr, old_region, old_rkey, 1).await), ErrorKind::PermissionDenied);
     let new = open_grant(&mut control, &req).await.unwrap();
-    assert_eq!(short.store.rdma_grants_held(), 1, "the expired grant was swept by the new one");
+    assert_eq!(short.grants.rdma_grants_held(), 1, "the expired grant was swept by the new one");
     let (new_region, new_rkey) = rdma_handle(&new);
     let got = reader.read(&short_addr, new_region, new_rkey, 5000).await.unwrap();
     assert!(got[..] == expected(&data, &req)[..]);
@@ -243,7 +263,10 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
     assert!(got[..] == want[..]);
     assert_eq!((t.remote_reads(), t.fallbacks()), (0, 1));
     // Given back: the next read goes through a grant again.
-    holder.write_all(&LeaseRelease { lease_id: held.lease_id }.encode()).await.unwrap();
+    holder
+        .write_all(&LeaseRelease { lease_id: held.lease_id, kind: GrantKind::Rdma }.encode())
+        .await
+        .unwrap();
     wait_for_held(&limited, 0).await;
     let (got, _) = t.read_block(&limited_addr, &req).await.unwrap();
     assert!(got[..] == want[..]);

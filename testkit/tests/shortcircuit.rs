@@ -4,7 +4,7 @@
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,7 +12,7 @@ use strata_client::{Client, ClientConfig};
 use strata_common::ErrorKind;
 use strata_common::fdpass::{read_exact_with_fds, write_all_with_fd};
 use strata_common::frame::{
-    self, BlockGrant, GrantHandle, Op, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN, ReadBlockRequest,
+    self, BlockGrant, GrantHandle, GrantKind, Op, REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN, ReadBlockRequest,
     ResponseHeader, Source,
 };
 use strata_testkit::{Cluster, ClusterOptions, pattern};
@@ -28,6 +28,16 @@ async fn cluster() -> Cluster {
 }
 
 async fn start_sidecar(cluster: &Cluster, dir: &Path, tune: impl FnOnce(&mut WorkerConfig)) -> SidecarHandle {
+    start_sidecar_with_clock(cluster, dir, tune, strata_common::clock::system()).await
+}
+
+/// A sidecar whose leases expire by `clock` (a test advances it instead of sleeping).
+async fn start_sidecar_with_clock(
+    cluster: &Cluster,
+    dir: &Path,
+    tune: impl FnOnce(&mut WorkerConfig),
+    clock: strata_common::SharedClock,
+) -> SidecarHandle {
     let mut config = WorkerConfig {
         master_addr: cluster.master_addr(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
@@ -39,7 +49,15 @@ async fn start_sidecar(cluster: &Cluster, dir: &Path, tune: impl FnOnce(&mut Wor
         ..WorkerConfig::default()
     };
     tune(&mut config);
-    sidecar::start(config, cluster.factory.clone()).await.expect("sidecar starts")
+    let upstream = strata_client::ClusterUpstream::connect(
+        &config.master_addr,
+        std::time::Duration::from_millis(config.ufs_timeout_ms),
+    )
+    .await
+    .expect("cluster client");
+    sidecar::start_with_clock(config, cluster.factory.clone(), std::sync::Arc::new(upstream), clock)
+        .await
+        .expect("sidecar starts")
 }
 
 /// A client of the sidecar without a mapping cache: each read maps exactly its range and
@@ -62,18 +80,14 @@ async fn client_with_cache(
 }
 
 fn served_by_cluster(cluster: &Cluster) -> u64 {
-    cluster.worker(0).store.counters.bytes_served.load(Ordering::Relaxed)
+    cluster.worker(0).blocks.counters().bytes_served
 }
 
 /// Polls until the sidecar holds no lease (the client's releases are asynchronous).
 async fn wait_for_no_leases(sidecar: &SidecarHandle) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while sidecar.store.short_circuit().held_leases() != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{} leases still held",
-            sidecar.store.short_circuit().held_leases()
-        );
+    while sidecar.grants.fd().held_leases() != 0 {
+        assert!(Instant::now() < deadline, "{} leases still held", sidecar.grants.fd().held_leases());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -105,17 +119,17 @@ async fn dram_blocks_are_mapped_from_shared_memory_copied_once_and_their_leases_
     let client = client(&cluster, &sidecar.socket_path, true).await;
 
     let held = check_ranges(&client, "/data/sc/dram.bin", &data).await;
-    let sc = sidecar.store.short_circuit();
+    let sc = sidecar.grants.fd();
     // Reads of one block return the mapping itself, which holds its lease; reads across
     // blocks are assembled into a new buffer and have given their leases back.
     assert!(sc.held_leases() >= 3, "each single-block read holds a grant");
     assert_eq!(sc.shm_cached(), (4, size as u64), "each DRAM block copied to shared memory once");
-    assert_eq!(sidecar.store.counters.upstream_reads.load(Ordering::Relaxed), 4);
+    assert_eq!(sidecar.blocks.counters().upstream_reads, 4);
 
     // A second pass maps the same copies again: nothing more is copied or fetched.
     let again = check_ranges(&client, "/data/sc/dram.bin", &data).await;
     assert_eq!(sc.shm_cached(), (4, size as u64));
-    assert_eq!(sidecar.store.counters.upstream_reads.load(Ordering::Relaxed), 4);
+    assert_eq!(sidecar.blocks.counters().upstream_reads, 4);
     drop(held);
     drop(again);
     wait_for_no_leases(&sidecar).await;
@@ -131,7 +145,7 @@ async fn kept_whole_block_mappings_serve_later_reads_until_half_their_lease() {
     let tmp = tempfile::tempdir().unwrap();
     let sidecar = start_sidecar(&cluster, tmp.path(), |c| c.short_circuit_lease_ms = 600).await;
     let client = client_with_cache(&cluster, &sidecar.socket_path, true, 64 << 20).await;
-    let sc = sidecar.store.short_circuit();
+    let sc = sidecar.grants.fd();
 
     for (offset, len) in [(0, 10), (5000, 100_000), (MIB - 1, 1), (7, MIB - 7)] {
         let got = client.read_range("/data/sc/kept.bin", offset as u64, len as u64).await.unwrap();
@@ -174,13 +188,13 @@ async fn nvme_blocks_are_mapped_from_their_block_files() {
     // they are not on the sidecar's disk yet); the next ones map the NVMe files.
     let first = client.read_all("/data/sc/nvme.bin").await.unwrap();
     assert!(first[..] == data[..]);
-    sidecar.store.flush().await;
-    let before = sidecar.store.counters.zero_copy_bytes.load(Ordering::Relaxed);
+    sidecar.blocks.flush().await;
+    let before = sidecar.blocks.counters().zero_copy_bytes;
     let held = check_ranges(&client, "/data/sc/nvme.bin", &data).await;
-    let from_files = sidecar.store.counters.zero_copy_bytes.load(Ordering::Relaxed) - before;
+    let from_files = sidecar.blocks.counters().zero_copy_bytes - before;
     let asked: usize = odd_ranges(size).iter().map(|r| r.1).sum();
     assert_eq!(from_files, asked as u64, "every byte came from a block file");
-    assert_eq!(sidecar.store.short_circuit().shm_cached().0, 0, "no DRAM tier, no cached copy");
+    assert_eq!(sidecar.grants.fd().shm_cached().0, 0, "no DRAM tier, no cached copy");
     drop((first, held));
     wait_for_no_leases(&sidecar).await;
     sidecar.shutdown().await;
@@ -212,19 +226,19 @@ async fn a_mapped_block_keeps_its_bytes_after_eviction_and_after_the_sidecar_is_
     for sidecar in [&dram, &nvme] {
         let client = client(&cluster, &sidecar.socket_path, true).await;
         let warm = client.read_all("/data/sc/a.bin").await.unwrap();
-        sidecar.store.flush().await;
+        sidecar.blocks.flush().await;
         drop(warm);
         let held = client.read_range("/data/sc/a.bin", 100, (MIB - 200) as u64).await.unwrap();
-        assert!(sidecar.store.short_circuit().held_leases() >= 1);
+        assert!(sidecar.grants.fd().held_leases() >= 1);
         // Fill the tiers with another file: a.bin's block is evicted everywhere.
         let other = client.read_all("/data/sc/b.bin").await.unwrap();
         assert!(other[..] == b[..]);
-        sidecar.store.flush().await;
-        let fetched = sidecar.store.counters.upstream_reads.load(Ordering::Relaxed);
+        sidecar.blocks.flush().await;
+        let fetched = sidecar.blocks.counters().upstream_reads;
         let reread = client.read_all("/data/sc/a.bin").await.unwrap();
         assert!(reread[..] == a[..]);
         assert_eq!(
-            sidecar.store.counters.upstream_reads.load(Ordering::Relaxed),
+            sidecar.blocks.counters().upstream_reads,
             fetched + 1,
             "a.bin was evicted, so it was fetched again"
         );
@@ -248,17 +262,17 @@ async fn opting_out_on_either_side_reads_through_the_socket() {
     let off = start_sidecar(&cluster, &tmp.path().join("off"), |c| c.short_circuit = false).await;
     let client_on = client(&cluster, &off.socket_path, true).await;
     let held = check_ranges(&client_on, "/data/sc/opt.bin", &data).await;
-    assert_eq!(off.store.short_circuit().held_leases(), 0);
-    assert_eq!(off.store.short_circuit().shm_cached().0, 0);
-    assert!(off.store.counters.bytes_served.load(Ordering::Relaxed) > 0, "served through the socket");
+    assert_eq!(off.grants.fd().held_leases(), 0);
+    assert_eq!(off.grants.fd().shm_cached().0, 0);
+    assert!(off.blocks.counters().bytes_served > 0, "served through the socket");
     assert_eq!(served_by_cluster(&cluster), data.len() as u64, "the cluster only filled the sidecar");
     drop(held);
 
     let on = start_sidecar(&cluster, &tmp.path().join("on"), |_| {}).await;
     let client_off = client(&cluster, &on.socket_path, false).await;
     let held = check_ranges(&client_off, "/data/sc/opt.bin", &data).await;
-    assert_eq!(on.store.short_circuit().held_leases(), 0);
-    assert_eq!(on.store.short_circuit().shm_cached().0, 0);
+    assert_eq!(on.grants.fd().held_leases(), 0);
+    assert_eq!(on.grants.fd().shm_cached().0, 0);
     drop(held);
 
     // The environment variable turns it off too.
@@ -398,7 +412,7 @@ async fn open_block(
     stream: &mut UnixStream,
     req: &ReadBlockRequest,
 ) -> (ResponseHeader, Vec<u8>, Vec<OwnedFd>) {
-    stream.write_all(&req.encode_as(Op::OpenBlock)).await.unwrap();
+    stream.write_all(&req.encode_open(GrantKind::Fd)).await.unwrap();
     let mut fds = Vec::new();
     let mut head = [0u8; RESPONSE_HEADER_LEN];
     read_exact_with_fds(stream, &mut head, &mut fds).await.unwrap();
@@ -414,7 +428,10 @@ async fn bad_open_blocks_get_error_frames_and_unreleased_leases_expire() {
     let data = pattern(MIB + 10, 51);
     cluster.write_file("sc/raw.bin", &data);
     let tmp = tempfile::tempdir().unwrap();
-    let sidecar = start_sidecar(&cluster, tmp.path(), |c| c.short_circuit_lease_ms = 300).await;
+    let clock = strata_common::clock::ManualClock::new();
+    let sidecar =
+        start_sidecar_with_clock(&cluster, tmp.path(), |c| c.short_circuit_lease_ms = 300, clock.clone())
+            .await;
     let client = client(&cluster, &sidecar.socket_path, true).await;
     let info = client.stat("/data/sc/raw.bin").await.unwrap();
     let req = ReadBlockRequest {
@@ -449,10 +466,10 @@ async fn bad_open_blocks_get_error_frames_and_unreleased_leases_expire() {
     let mut buf = vec![0u8; 1000];
     std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, offset).unwrap();
     assert!(buf[..] == data[10..1010]);
-    assert_eq!(sidecar.store.short_circuit().held_leases(), 1);
+    assert_eq!(sidecar.grants.fd().held_leases(), 1);
 
     // This reader never releases: the lease expires, and the next grant sweeps it.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    clock.advance(Duration::from_millis(300));
     let bytes = client.read_range("/data/sc/raw.bin", 0, 10).await.unwrap();
     assert!(bytes[..] == data[..10]);
     drop(bytes);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use strata_client::ClientError;
-use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern, pattern, peak_rss_bytes};
+use strata_testkit::{Cluster, ClusterOptions, TestUfs, eventually, fill_pattern, pattern, peak_rss_bytes};
 use tokio::io::AsyncReadExt;
 
 const MIB: u64 = 1 << 20;
@@ -197,16 +197,28 @@ async fn overwritten_and_deleted_objects(ufs: TestUfs) {
 
     // Overwritten again: without --sync, the new bytes come once the TTL has passed.
     c.ufs.put("obj.bin", v3.clone()).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(client.read_all("/fresh/obj.bin").await.unwrap(), v3);
+    eventually("the new bytes are read after the TTL", Duration::from_secs(20), || async {
+        let got = client.read_all("/fresh/obj.bin").await.unwrap();
+        assert!(got[..] == v2[..] || got[..] == v3[..], "a read mixed versions");
+        got[..] == v3[..]
+    })
+    .await;
 
     // Deleted: a clear not-found, at once with --sync and for everyone after the TTL.
     c.ufs.delete("obj.bin").await;
     let e = client.stat_with("/fresh/obj.bin", true).await.unwrap_err();
     assert!(matches!(e, ClientError::NotFound(_)), "{e}");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let e = client.read_all("/fresh/obj.bin").await.unwrap_err();
-    assert!(matches!(e, ClientError::NotFound(_)), "{e}");
+    eventually("the deletion is seen after the TTL", Duration::from_secs(20), || async {
+        match client.read_all("/fresh/obj.bin").await {
+            Err(ClientError::NotFound(_)) => true,
+            Err(e) => panic!("a deleted object must read as not found: {e}"),
+            Ok(got) => {
+                assert!(got[..] == v3[..], "until the TTL passes, the last version, whole");
+                false
+            }
+        }
+    })
+    .await;
 }
 
 macro_rules! suite {

@@ -7,7 +7,7 @@ use strata_common::ErrorKind;
 use strata_common::frame::{
     Op, RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, WriteBegin, request_header,
 };
-use strata_testkit::{Cluster, ClusterOptions, pattern};
+use strata_testkit::{Cluster, ClusterOptions, eventually, pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn writable() -> ClusterOptions {
@@ -43,7 +43,14 @@ async fn writes_reach_the_ufs_and_metadata_follows() {
     let mut w = client.create("/data/dir/new.bin").await.unwrap();
     w.write(&pattern(2 << 20, 9)).await.unwrap();
     drop(w);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The worker sees the connection close and aborts: its hidden partial file goes away.
+    let dir = cluster.ufs.dir().join("dir");
+    eventually("the worker aborted the write", std::time::Duration::from_secs(20), || async {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .all(|e| !e.unwrap().file_name().to_string_lossy().ends_with(".strata-partial"))
+    })
+    .await;
     assert_eq!(std::fs::read(cluster.ufs.dir().join("dir/new.bin")).unwrap(), b"short");
 
     // mkdir and delete through the master, listings follow.

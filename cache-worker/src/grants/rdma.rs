@@ -1,6 +1,6 @@
-//! RDMA grants on the TCP data plane.
+//! RDMA grants.
 //!
-//! `OpenBlock` on a TCP connection reads the block range, places it in a region of
+//! `OpenBlock` asking for an RDMA grant reads the block range, places it in a region of
 //! [`RegisteredMemory`] and answers a [`BlockGrant`] naming the region by `(addr, rkey)`; the
 //! client then reads the bytes one-sided (an RDMA READ by its NIC, or — emulated — a
 //! `RemoteRead` frame that this module answers the way a NIC would) and gives the lease back
@@ -29,20 +29,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_common::ErrorKind;
-use strata_common::frame::{
-    BlockGrant, GrantHandle, LeaseRelease, RdmaEndpoint, ReadBlockRequest, RemoteRead, Source,
-};
+use strata_common::frame::{RdmaEndpoint, RemoteRead};
+use strata_common::{ErrorKind, SharedClock};
 use thiserror::Error;
-use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
-use tracing::debug;
 
-use crate::blockstore::BlockStore;
+use super::lease::{Lease, LeaseError, Leases};
 use crate::config::{RdmaConfig, RdmaMode};
-use crate::dataplane::{GrantStream, read_body, reject, send_data, send_error};
-use crate::lease::{Lease, LeaseError, Leases};
-use crate::metrics_defs as m;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -111,12 +103,17 @@ pub(crate) struct Granted {
 }
 
 impl RdmaGrants {
-    pub(crate) fn new(memory: Box<dyn RegisteredMemory>, ttl: Duration, max_grants: usize) -> Self {
-        Self { memory, leases: Leases::new(ttl, max_grants), by_rkey: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(
+        memory: Box<dyn RegisteredMemory>,
+        ttl: Duration,
+        max_grants: usize,
+        clock: SharedClock,
+    ) -> Self {
+        Self { memory, leases: Leases::new(ttl, max_grants, clock), by_rkey: Mutex::new(HashMap::new()) }
     }
 
     /// The grants a worker configured with `config` serves; `None` when RDMA is off.
-    pub(crate) fn from_config(config: &RdmaConfig) -> Result<Option<Self>, RdmaError> {
+    pub(crate) fn from_config(config: &RdmaConfig, clock: SharedClock) -> Result<Option<Self>, RdmaError> {
         let memory: Box<dyn RegisteredMemory> = match config.mode {
             RdmaMode::Off => return Ok(None),
             RdmaMode::Emulated => Box::new(EmulatedMemory::new(config.memory)),
@@ -126,7 +123,7 @@ impl RdmaGrants {
             RdmaMode::Verbs => return Err(RdmaError::NotBuilt),
         };
         let ttl = Duration::from_millis(config.grant_ttl_ms);
-        Ok(Some(Self::new(memory, ttl, config.max_grants.max(1))))
+        Ok(Some(Self::new(memory, ttl, config.max_grants.max(1), clock)))
     }
 
     fn by_rkey(&self) -> std::sync::MutexGuard<'_, HashMap<u32, u64>> {
@@ -194,23 +191,6 @@ impl RdmaGrants {
     /// Bytes registered now.
     pub(crate) fn registered_bytes(&self) -> u64 {
         self.memory.used()
-    }
-}
-
-impl BlockStore {
-    /// Turns RDMA grants on for this store's TCP data plane. Set once; later calls are ignored.
-    pub(crate) fn set_rdma(&self, grants: RdmaGrants) {
-        let _ = self.rdma.set(Arc::new(grants));
-    }
-
-    /// RDMA grants held now (0 when RDMA is off); for tests and status.
-    pub fn rdma_grants_held(&self) -> usize {
-        self.rdma.get().map_or(0, |g| g.held())
-    }
-
-    /// Bytes of memory registered for RDMA grants now (0 when RDMA is off).
-    pub fn rdma_registered_bytes(&self) -> u64 {
-        self.rdma.get().map_or(0, |g| g.registered_bytes())
     }
 }
 
@@ -291,98 +271,14 @@ impl RegisteredMemory for EmulatedMemory {
     }
 }
 
-impl GrantStream for TcpStream {
-    async fn open_block(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let Some(req) = read_body(self, body_len, ReadBlockRequest::decode_body).await? else {
-            return Ok(());
-        };
-        let Some(grants) = store.rdma.get() else {
-            return send_error(
-                self,
-                req.req_id,
-                ErrorKind::Unavailable,
-                "RDMA grants are off on this worker",
-            )
-            .await;
-        };
-        let (bytes, source) = match store.read(&req).await {
-            Ok(r) => r,
-            Err(e) => return send_error(self, req.req_id, e.kind(), &e.to_string()).await,
-        };
-        match grants.grant(bytes) {
-            Ok(g) => {
-                metrics::counter!(m::RDMA_GRANTS, "result" => "granted").increment(1);
-                let grant = BlockGrant {
-                    lease_id: g.lease.id,
-                    ttl_ms: g.lease.ttl.as_millis() as u64,
-                    len: g.len,
-                    handle: GrantHandle::Rdma { addr: g.addr, rkey: g.rkey },
-                };
-                send_data(self, req.req_id, source, &grant.encode()).await
-            }
-            Err(e) => {
-                metrics::counter!(m::RDMA_GRANTS, "result" => "refused").increment(1);
-                debug!(path = %req.path, block = req.block_index, err = %e, "RDMA grant refused");
-                send_error(self, req.req_id, ErrorKind::Unavailable, &e.to_string()).await
-            }
-        }
-    }
-
-    async fn release(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let Some(rel) = read_body(self, body_len, LeaseRelease::decode_body).await? else {
-            return Ok(());
-        };
-        // No response either way: a lease already over (expired, or never ours) is not an error.
-        if let Some(grants) = store.rdma.get() {
-            grants.release(rel.lease_id);
-        }
-        Ok(())
-    }
-
-    async fn remote_read(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let Some(rr) = read_body(self, body_len, RemoteRead::decode_body).await? else {
-            return Ok(());
-        };
-        let Some(grants) = store.rdma.get() else {
-            return send_error(self, rr.req_id, ErrorKind::Unavailable, "RDMA grants are off on this worker")
-                .await;
-        };
-        match grants.read(&rr) {
-            Ok(bytes) => send_data(self, rr.req_id, Source::Memory, &bytes).await,
-            Err((kind, message)) => send_error(self, rr.req_id, kind, &message).await,
-        }
-    }
-
-    async fn rdma_connect(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let mut body = vec![0u8; body_len];
-        self.read_exact(&mut body).await?;
-        let remote = match RdmaEndpoint::decode(&body) {
-            Ok(r) => r,
-            Err(e) => return reject(self, &e.to_string()).await,
-        };
-        let Some(grants) = store.rdma.get() else {
-            return send_error(self, 0, ErrorKind::Unavailable, "RDMA grants are off on this worker").await;
-        };
-        let (local, queue_pair) = match grants.connect(remote) {
-            Ok(c) => c,
-            Err(e) => return send_error(self, 0, ErrorKind::Unavailable, &e.to_string()).await,
-        };
-        send_data(self, 0, Source::Memory, &local.encode()).await?;
-        // The client's READs go to the queue pair, not through this socket; the socket only
-        // says how long the client is there. Anything it sends is ignored.
-        let mut sink = [0u8; 64];
-        while self.read(&mut sink).await? > 0 {}
-        drop(queue_pair);
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use strata_common::clock::{ManualClock, system};
+
     fn grants(memory: u64, max: usize, ttl_ms: u64) -> RdmaGrants {
-        RdmaGrants::new(Box::new(EmulatedMemory::new(memory)), Duration::from_millis(ttl_ms), max)
+        RdmaGrants::new(Box::new(EmulatedMemory::new(memory)), Duration::from_millis(ttl_ms), max, system())
     }
 
     fn rr(g: &Granted, offset: u64, len: u64) -> RemoteRead {
@@ -418,9 +314,15 @@ mod tests {
         assert_eq!((grants.held(), grants.registered_bytes()), (0, 0));
         assert_eq!(grants.read(&rr(&g, 0, 1)).unwrap_err().0, ErrorKind::PermissionDenied);
 
-        let short = self::grants(1 << 20, 8, 20);
+        let clock = ManualClock::new();
+        let short = RdmaGrants::new(
+            Box::new(EmulatedMemory::new(1 << 20)),
+            Duration::from_millis(20),
+            8,
+            clock.clone(),
+        );
         let old = short.grant(Bytes::from(vec![1u8; 100])).unwrap();
-        std::thread::sleep(Duration::from_millis(60));
+        clock.advance(Duration::from_millis(20));
         assert_eq!(short.read(&rr(&old, 0, 1)).unwrap_err().0, ErrorKind::PermissionDenied, "expired");
         let new = short.grant(Bytes::from(vec![2u8; 50])).unwrap();
         assert_eq!((short.held(), short.registered_bytes()), (1, 50), "the expired grant was swept");
@@ -453,13 +355,13 @@ mod tests {
 
     #[test]
     fn config_off_builds_nothing_and_verbs_needs_the_feature() {
-        assert!(RdmaGrants::from_config(&RdmaConfig::default()).unwrap().is_none());
+        assert!(RdmaGrants::from_config(&RdmaConfig::default(), system()).unwrap().is_none());
         let emulated = RdmaConfig { mode: RdmaMode::Emulated, ..RdmaConfig::default() };
-        assert!(RdmaGrants::from_config(&emulated).unwrap().is_some());
+        assert!(RdmaGrants::from_config(&emulated, system()).unwrap().is_some());
         #[cfg(not(feature = "rdma"))]
         {
             let verbs = RdmaConfig { mode: RdmaMode::Verbs, ..RdmaConfig::default() };
-            assert!(matches!(RdmaGrants::from_config(&verbs), Err(RdmaError::NotBuilt)));
+            assert!(matches!(RdmaGrants::from_config(&verbs, system()), Err(RdmaError::NotBuilt)));
         }
     }
 }

@@ -12,30 +12,15 @@ use std::time::Instant;
 use bytes::BytesMut;
 use strata_common::ErrorKind;
 use strata_common::frame::{self, MAX_ERROR_MESSAGE, REQUEST_HEADER_LEN, ResponseHeader, Source, WriteBegin};
-use strata_ufs::{UfsError, UfsWriter};
+use strata_ufs::UfsError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
-use crate::blockstore::{BlockStore, ServeError};
-
-impl BlockStore {
-    /// A UFS writer for a Strata path, if its mount may be written.
-    pub async fn open_writer(&self, raw: &str) -> Result<Box<dyn UfsWriter>, ServeError> {
-        let (p, mount, rel) = self.resolve_path(raw).await?;
-        if rel.is_empty() {
-            return Err(ServeError::Ufs(UfsError::IsDirectory(format!("{p} is a mount point"))));
-        }
-        if !mount.writable {
-            return Err(ServeError::ReadOnly(p));
-        }
-        let ufs = mount.ufs.as_write().ok_or_else(|| ServeError::ReadOnly(p.clone()))?;
-        Ok(ufs.writer(&rel).await?)
-    }
-}
+use crate::blocks::BlockService;
 
 /// Serves one write whose `WriteBegin` header (with `body_len`) was just read. Returns once the
 /// write is answered; an `Err` means the connection must close.
-pub(crate) async fn serve_write<S>(stream: &mut S, store: &BlockStore, body_len: usize) -> io::Result<()>
+pub(super) async fn serve_write<S>(stream: &mut S, blocks: &BlockService, body_len: usize) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -49,7 +34,7 @@ where
         }
     };
     let started = Instant::now();
-    let mut writer = match store.open_writer(&begin.path).await {
+    let mut writer = match blocks.open_writer(&begin.path).await {
         Ok(w) => w,
         Err(e) => {
             debug!(path = %begin.path, err = %e, "write refused");

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use strata_common::SharedClock;
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -29,6 +30,7 @@ pub struct Lease {
 }
 
 pub struct Leases<T> {
+    clock: SharedClock,
     ttl: Duration,
     limit: usize,
     inner: Mutex<Inner<T>>,
@@ -41,8 +43,8 @@ struct Inner<T> {
 
 impl<T: Clone> Leases<T> {
     /// A table whose leases last `ttl` and of which at most `limit` are held at once.
-    pub fn new(ttl: Duration, limit: usize) -> Self {
-        Self { ttl, limit, inner: Mutex::new(Inner { next_id: 1, held: HashMap::new() }) }
+    pub fn new(ttl: Duration, limit: usize, clock: SharedClock) -> Self {
+        Self { clock, ttl, limit, inner: Mutex::new(Inner { next_id: 1, held: HashMap::new() }) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<T>> {
@@ -51,7 +53,7 @@ impl<T: Clone> Leases<T> {
 
     /// Holds `value` until the lease is released or expires.
     pub fn grant(&self, value: T) -> Result<Lease, LeaseError> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let (expired, id) = {
             let mut inner = self.lock();
             let expired = take_expired(&mut inner.held, now);
@@ -72,13 +74,13 @@ impl<T: Clone> Leases<T> {
     pub fn get(&self, id: u64) -> Option<T> {
         let inner = self.lock();
         let (deadline, value) = inner.held.get(&id)?;
-        (*deadline > Instant::now()).then(|| value.clone())
+        (*deadline > self.clock.now()).then(|| value.clone())
     }
 
     /// Ends a lease early; `false` when it was unknown or already over.
     pub fn release(&self, id: u64) -> bool {
         let value = self.lock().held.remove(&id);
-        value.is_some_and(|(deadline, _)| deadline > Instant::now())
+        value.is_some_and(|(deadline, _)| deadline > self.clock.now())
     }
 
     /// Leases held now, expired ones not yet swept included.
@@ -97,11 +99,13 @@ fn take_expired<T>(held: &mut HashMap<u64, (Instant, T)>, now: Instant) -> Vec<T
 mod tests {
     use std::sync::Arc;
 
+    use strata_common::clock::{ManualClock, system};
+
     use super::*;
 
     #[test]
     fn a_value_is_held_until_released_and_then_dropped() {
-        let leases = Leases::new(Duration::from_secs(60), 10);
+        let leases = Leases::new(Duration::from_secs(60), 10, system());
         let pinned = Arc::new(5u8);
         let lease = leases.grant(pinned.clone()).unwrap();
         assert_eq!(Arc::strong_count(&pinned), 2);
@@ -114,10 +118,13 @@ mod tests {
 
     #[test]
     fn expired_leases_are_not_served_and_are_swept_by_the_next_grant() {
-        let leases = Leases::new(Duration::from_millis(20), 10);
+        let clock = ManualClock::new();
+        let leases = Leases::new(Duration::from_millis(20), 10, clock.clone());
         let pinned = Arc::new(());
         let old = leases.grant(pinned.clone()).unwrap();
-        std::thread::sleep(Duration::from_millis(40));
+        clock.advance(Duration::from_millis(19));
+        assert_eq!(leases.get(old.id), Some(pinned.clone()), "live until its ttl");
+        clock.advance(Duration::from_millis(1));
         assert_eq!(leases.get(old.id), None, "an expired lease names nothing");
         assert_eq!(Arc::strong_count(&pinned), 2, "not yet swept");
         let new = leases.grant(Arc::new(())).unwrap();
@@ -128,7 +135,7 @@ mod tests {
 
     #[test]
     fn the_limit_refuses_new_leases_until_one_ends() {
-        let leases = Leases::new(Duration::from_secs(60), 2);
+        let leases = Leases::new(Duration::from_secs(60), 2, system());
         let a = leases.grant(1).unwrap();
         leases.grant(2).unwrap();
         assert_eq!(leases.grant(3), Err(LeaseError::Exhausted { held: 2, limit: 2 }));

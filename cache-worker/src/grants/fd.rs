@@ -1,5 +1,6 @@
-//! Short-circuit reads for clients on the same host: `OpenBlock` on the Unix socket answers a
-//! [`BlockGrant`] with a file descriptor attached (SCM_RIGHTS) that the client maps read-only.
+//! Descriptor grants (short-circuit reads for clients on the same host): the range as a
+//! [`BlockGrant`] whose file descriptor the data plane passes with the answer (SCM_RIGHTS) and
+//! the client maps read-only.
 //!
 //! - A block served from NVMe ([`Payload::File`]): the verified block file's own descriptor;
 //!   the grant's offset is the range's place in the file.
@@ -18,22 +19,18 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_common::fdpass::write_all_with_fd;
-use strata_common::frame::{BlockGrant, GrantHandle, LeaseRelease, ReadBlockRequest, ResponseHeader, Source};
-use strata_common::{BlockKey, ErrorKind, block};
-use tokio::io::AsyncReadExt;
-use tokio::net::UnixStream;
-use tracing::debug;
+use strata_common::frame::{BlockGrant, GrantHandle, Source};
+use strata_common::{BlockKey, SharedClock};
 
-use crate::blockstore::{BlockStore, Payload, ServeError};
+use super::GrantError;
+use super::lease::Leases;
+use crate::blocks::{BlockRead, BlockService, Payload, Served};
 use crate::config::WorkerConfig;
-use crate::dataplane::{GrantStream, read_body, reject, send_error};
-use crate::lease::Leases;
 use crate::metrics_defs as m;
 
 /// How a worker serves short-circuit grants.
@@ -71,8 +68,8 @@ impl From<&WorkerConfig> for ShortCircuitConfig {
     }
 }
 
-/// A worker's short-circuit state: the lease table and the shared-memory copies.
-pub struct ShortCircuit {
+/// A worker's descriptor grants: the lease table and the shared-memory copies.
+pub struct FdGrants {
     enabled: bool,
     /// A lease pins the cached shared-memory copy it names (so the copy is not freed while a
     /// reader may map it); a block file or a one-off copy needs no pin — the reader's own
@@ -82,11 +79,11 @@ pub struct ShortCircuit {
     shm: Mutex<ShmCache>,
 }
 
-impl ShortCircuit {
-    pub fn new(config: ShortCircuitConfig) -> Self {
+impl FdGrants {
+    pub fn new(config: ShortCircuitConfig, clock: SharedClock) -> Self {
         Self {
             enabled: config.enabled,
-            leases: Leases::new(config.lease_ttl, config.max_leases),
+            leases: Leases::new(config.lease_ttl, config.max_leases, clock),
             shm: Mutex::new(ShmCache {
                 limit: config.shm_cache_bytes,
                 used: 0,
@@ -115,23 +112,65 @@ impl ShortCircuit {
         self.shm.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn release(&self, lease_id: u64) {
+    pub(super) fn release(&self, lease_id: u64) {
         self.leases.release(lease_id);
         metrics::gauge!(m::SHORT_CIRCUIT_LEASES).set(self.leases.held() as f64);
     }
-}
 
-impl BlockStore {
-    /// The short-circuit state (defaults unless [`configure_short_circuit`] ran first).
-    ///
-    /// [`configure_short_circuit`]: Self::configure_short_circuit
-    pub fn short_circuit(&self) -> &ShortCircuit {
-        self.short_circuit.get_or_init(|| ShortCircuit::new(ShortCircuitConfig::default()))
+    /// Reads the range and leases a descriptor that holds it.
+    pub(super) async fn grant(
+        &self,
+        blocks: &BlockService,
+        r: &BlockRead,
+    ) -> Result<(BlockGrant, Arc<OwnedFd>, Source), GrantError> {
+        if !self.enabled {
+            return Err(GrantError::Refused("short-circuit reads are off on this worker".into()));
+        }
+        let Served { payload, source, key } = blocks.read_payload(r).await?;
+        let (fd, offset, kind, pin) = match payload {
+            Payload::File { file, offset, .. } => (Arc::new(OwnedFd::from(file)), offset, "file", None),
+            Payload::Bytes(range) => {
+                let (fd, offset, cached) = self.shared_memory(blocks, &key, r, range).await?;
+                let pin = cached.then(|| fd.clone());
+                (fd, offset, "shm", pin)
+            }
+        };
+        let lease = self.leases.grant(pin).map_err(|e| GrantError::Refused(e.to_string()))?;
+        metrics::counter!(m::SHORT_CIRCUIT_GRANTS, "kind" => kind).increment(1);
+        metrics::gauge!(m::SHORT_CIRCUIT_LEASES).set(self.leases.held() as f64);
+        let grant = BlockGrant {
+            lease_id: lease.id,
+            ttl_ms: lease.ttl.as_millis() as u64,
+            len: r.len,
+            handle: GrantHandle::Fd { offset },
+        };
+        Ok((grant, fd, source))
     }
 
-    /// Sets how grants are served; only before the first grant (later calls are ignored).
-    pub fn configure_short_circuit(&self, config: ShortCircuitConfig) {
-        let _ = self.short_circuit.set(ShortCircuit::new(config));
+    /// A sealed memfd holding the range, the range's offset in it, and whether it is the cached
+    /// copy of the whole block (when the block is in DRAM) rather than a one-off copy of the
+    /// range.
+    async fn shared_memory(
+        &self,
+        blocks: &BlockService,
+        key: &BlockKey,
+        r: &BlockRead,
+        range: Bytes,
+    ) -> Result<(Arc<OwnedFd>, u64, bool), GrantError> {
+        if let Some(fd) = self.shm().get(key) {
+            return Ok((fd, r.offset, true));
+        }
+        let block_len = strata_common::block::block_len(r.file_size, r.block_size, r.index);
+        if let Some(whole) = blocks.cache().memory_get(key).await
+            && whole.len() as u64 == block_len
+        {
+            let fd = Arc::new(copy_to_memfd(whole).await?);
+            let mut shm = self.shm();
+            // A block larger than the whole cache is handed out but not kept.
+            let kept = block_len <= shm.limit;
+            return Ok((shm.insert(key.clone(), fd, block_len), r.offset, kept));
+        }
+        Ok((Arc::new(copy_to_memfd(range).await?), 0, false))
     }
 }
 
@@ -175,140 +214,6 @@ impl ShmCache {
         self.blocks.insert(key, (fd.clone(), len, self.tick));
         fd
     }
-}
-
-/// Why a grant was not given; travels as an error frame.
-#[derive(Debug, thiserror::Error)]
-enum GrantError {
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-    #[error("{0}")]
-    Refused(String),
-}
-
-impl GrantError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            GrantError::Serve(e) => e.kind(),
-            GrantError::Refused(_) => ErrorKind::Unavailable,
-        }
-    }
-}
-
-impl GrantStream for UnixStream {
-    async fn open_block(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let Some(req) = read_body(self, body_len, ReadBlockRequest::decode_body).await? else {
-            return Ok(());
-        };
-        let sc = store.short_circuit();
-        if !sc.enabled {
-            return send_error(
-                self,
-                req.req_id,
-                ErrorKind::Unavailable,
-                "short-circuit reads are off on this worker",
-            )
-            .await;
-        }
-        let (grant, fd, source) = match grant(store, sc, &req).await {
-            Ok(g) => g,
-            Err(e) => {
-                debug!(path = %req.path, block = req.block_index, err = %e, "short-circuit grant refused");
-                return send_error(self, req.req_id, e.kind(), &e.to_string()).await;
-            }
-        };
-        let head = ResponseHeader {
-            status: Ok(source),
-            req_id: req.req_id,
-            payload_len: BlockGrant::ENCODED_LEN as u64,
-        }
-        .encode();
-        let mut out = Vec::with_capacity(head.len() + BlockGrant::ENCODED_LEN);
-        out.extend_from_slice(&head);
-        out.extend_from_slice(&grant.encode());
-        let sent = write_all_with_fd(self, &out, fd.as_fd()).await;
-        if sent.is_err() {
-            // The reader never got the descriptor: nothing to keep for it.
-            sc.release(grant.lease_id);
-        }
-        sent
-    }
-
-    async fn release(&mut self, store: &Arc<BlockStore>, body_len: usize) -> std::io::Result<()> {
-        let mut body = vec![0u8; body_len];
-        self.read_exact(&mut body).await?;
-        // A release has no answer, so a bad one cannot be answered either: the lease expires.
-        match LeaseRelease::decode_body(&body) {
-            Ok(r) => store.short_circuit().release(r.lease_id),
-            Err(e) => debug!(err = %e, "malformed lease release ignored"),
-        }
-        Ok(())
-    }
-
-    async fn remote_read(&mut self, _store: &Arc<BlockStore>, _body_len: usize) -> std::io::Result<()> {
-        reject(self, "RemoteRead is served on TCP only").await
-    }
-}
-
-/// Reads the range and leases a descriptor that holds it.
-async fn grant(
-    store: &Arc<BlockStore>,
-    sc: &ShortCircuit,
-    req: &ReadBlockRequest,
-) -> Result<(BlockGrant, Arc<OwnedFd>, Source), GrantError> {
-    let (payload, source) = store.read_payload(req).await?;
-    let (fd, offset, kind, pin) = match payload {
-        Payload::File { file, offset, .. } => (Arc::new(OwnedFd::from(file)), offset, "file", None),
-        Payload::Bytes(range) => {
-            let (fd, offset, cached) = shared_memory(store, sc, req, range).await?;
-            let pin = cached.then(|| fd.clone());
-            (fd, offset, "shm", pin)
-        }
-    };
-    let lease = sc.leases.grant(pin).map_err(|e| GrantError::Refused(e.to_string()))?;
-    metrics::counter!(m::SHORT_CIRCUIT_GRANTS, "kind" => kind).increment(1);
-    metrics::gauge!(m::SHORT_CIRCUIT_LEASES).set(sc.leases.held() as f64);
-    let grant = BlockGrant {
-        lease_id: lease.id,
-        ttl_ms: lease.ttl.as_millis() as u64,
-        len: req.len,
-        handle: GrantHandle::Fd { offset },
-    };
-    Ok((grant, fd, source))
-}
-
-/// A sealed memfd holding the range, the range's offset in it, and whether it is the cached
-/// copy of the whole block (when the block is in DRAM) rather than a one-off copy of the range.
-async fn shared_memory(
-    store: &Arc<BlockStore>,
-    sc: &ShortCircuit,
-    req: &ReadBlockRequest,
-    range: Bytes,
-) -> Result<(Arc<OwnedFd>, u64, bool), GrantError> {
-    if let Some(key) = block_key(store, req).await {
-        let cached = sc.shm().get(&key);
-        if let Some(fd) = cached {
-            return Ok((fd, req.offset, true));
-        }
-        let block_len = block::block_len(req.file_size, req.block_size, req.block_index);
-        if let Ok(Some(whole)) = store.memory.get(&key).await
-            && whole.len() as u64 == block_len
-        {
-            let fd = Arc::new(copy_to_memfd(whole).await?);
-            let mut shm = sc.shm();
-            // A block larger than the whole cache is handed out but not kept.
-            let kept = block_len <= shm.limit;
-            return Ok((shm.insert(key, fd, block_len), req.offset, kept));
-        }
-    }
-    Ok((Arc::new(copy_to_memfd(range).await?), 0, false))
-}
-
-/// The key the block store files this request's block under.
-async fn block_key(store: &BlockStore, req: &ReadBlockRequest) -> Option<BlockKey> {
-    let (_, mount, rel) = store.resolve_path(&req.path).await.ok()?;
-    let file = block::file_identity(&mount.uri, &rel, mount.block_size);
-    Some(BlockKey::new(file, req.version.clone(), req.block_index))
 }
 
 async fn copy_to_memfd(bytes: Bytes) -> Result<OwnedFd, GrantError> {

@@ -1,0 +1,260 @@
+//! The storage API the services above (data plane, grants, loader, master link) use: a
+//! [`BlockRead`] goes in — the worker's own request type, translated from the wire at the edge —
+//! and the bytes, where they came from and the block's [`BlockKey`] come back, so no layer
+//! resolves a mount or builds a key twice.
+//!
+//! Read path for one block range: resolve the path to its mount and name the block (key =
+//! file identity of the mount's URI and path, the client's version, the index); then DRAM; a
+//! verified NVMe block as its file (zero copy); any other NVMe hit (checked, promoted); else
+//! the single flight to the upstream or the UFS (`fetch`). Every client read is foreground
+//! activity for the QoS lane; a warmup load is not, and writes its block through to NVMe.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_common::frame::Source;
+use strata_common::upstream::Upstream;
+use strata_common::{BlockKey, SharedClock, block};
+use strata_ufs::{UfsError, UfsWriter};
+
+use crate::cache::{BlockCache, Durability};
+use crate::error::ServeError;
+use crate::fetch::{Fetcher, Located};
+use crate::metrics_defs as m;
+use crate::mounts::Mounts;
+use crate::qos::Qos;
+use crate::stats::{CounterSnapshot, Counters};
+
+/// A read of one block range, as the storage layer takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRead {
+    /// Strata path of the file.
+    pub path: String,
+    /// The file's UFS version as the client learnt it.
+    pub version: String,
+    pub file_size: u64,
+    /// The block size the client computed with (must be the mount's).
+    pub block_size: u64,
+    pub index: u64,
+    /// Offset of the range inside the block.
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl BlockRead {
+    /// The whole block `index` of a file.
+    pub fn whole_block(path: &str, version: &str, file_size: u64, block_size: u64, index: u64) -> Self {
+        Self {
+            path: path.to_string(),
+            version: version.to_string(),
+            file_size,
+            block_size,
+            index,
+            offset: 0,
+            len: block::block_len(file_size, block_size, index),
+        }
+    }
+}
+
+/// The bytes of a block range as the data plane gets them to send.
+#[derive(Debug)]
+pub enum Payload {
+    /// In memory (a DRAM block, or one just fetched).
+    Bytes(Bytes),
+    /// `len` bytes at `offset` of an open NVMe block file whose checksum was verified: sent
+    /// with `sendfile`, or the descriptor passed to a co-located client, never copied through
+    /// user space.
+    File { file: std::fs::File, offset: u64, len: u64 },
+}
+
+impl Payload {
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::File { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A served range: its bytes, where they were found, and the block's key.
+#[derive(Debug)]
+pub struct Served {
+    pub payload: Payload,
+    pub source: Source,
+    pub key: BlockKey,
+}
+
+/// What a load task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOutcome {
+    pub already_cached: bool,
+    /// Length of the block.
+    pub bytes: u64,
+}
+
+pub struct BlockService {
+    cache: Arc<BlockCache>,
+    fetcher: Fetcher,
+    mounts: Arc<Mounts>,
+    qos: Qos,
+    counters: Arc<Counters>,
+}
+
+impl BlockService {
+    /// `counters` must be the ones `cache` counts into.
+    pub fn new(
+        cache: Arc<BlockCache>,
+        counters: Arc<Counters>,
+        mounts: Arc<Mounts>,
+        ufs_deadline: Duration,
+        clock: SharedClock,
+    ) -> Self {
+        Self {
+            fetcher: Fetcher::new(cache.clone(), counters.clone(), ufs_deadline),
+            cache,
+            mounts,
+            qos: Qos::new(clock),
+            counters,
+        }
+    }
+
+    pub fn cache(&self) -> &Arc<BlockCache> {
+        &self.cache
+    }
+
+    pub fn mounts(&self) -> &Arc<Mounts> {
+        &self.mounts
+    }
+
+    /// Foreground activity, which the loader and the write-back writer yield to.
+    pub fn qos(&self) -> &Qos {
+        &self.qos
+    }
+
+    /// Makes misses ask `upstream` before the UFS (sidecar mode). Set once.
+    pub fn set_upstream(&self, upstream: Arc<dyn Upstream>) {
+        self.fetcher.set_upstream(upstream);
+    }
+
+    /// Checks a read against the mount table and names its block.
+    pub async fn locate(&self, r: &BlockRead) -> Result<Located, ServeError> {
+        let resolved = self.mounts.resolve(&r.path).await?;
+        let (p, mount, rel) = (resolved.path, resolved.mount, resolved.rel);
+        if rel.is_empty() {
+            return Err(ServeError::InvalidArgument(format!("{p} is a mount point, not a file")));
+        }
+        if r.block_size != mount.block_size {
+            return Err(ServeError::InvalidArgument(format!(
+                "block size {} does not match the mount's {} (stale client mount table?)",
+                r.block_size, mount.block_size
+            )));
+        }
+        if r.version.is_empty() {
+            return Err(ServeError::InvalidArgument("empty version".into()));
+        }
+        let block_len = block::block_len(r.file_size, r.block_size, r.index);
+        if block_len == 0 {
+            return Err(ServeError::InvalidArgument(format!(
+                "block {} is past the end of a {}-byte file",
+                r.index, r.file_size
+            )));
+        }
+        let key = BlockKey::new(
+            block::file_identity(&mount.uri, &rel, mount.block_size),
+            r.version.clone(),
+            r.index,
+        );
+        Ok(Located { key, path: p, mount, rel, file_size: r.file_size, block_len })
+    }
+
+    /// [`locate`](Self::locate), and the requested range checked against the block.
+    async fn locate_range(&self, r: &BlockRead) -> Result<Located, ServeError> {
+        let at = self.locate(r).await?;
+        if r.len == 0 || r.offset.checked_add(r.len).is_none_or(|end| end > at.block_len) {
+            return Err(ServeError::InvalidArgument(format!(
+                "range {}+{} outside block {} of {} bytes",
+                r.offset, r.len, r.index, at.block_len
+            )));
+        }
+        Ok(at)
+    }
+
+    fn served(&self, bytes: u64) {
+        self.counters.bytes_served.fetch_add(bytes, Ordering::Relaxed);
+        metrics::counter!(m::BYTES_SERVED).increment(bytes);
+    }
+
+    /// One block range as bytes in memory. `Ok` holds exactly `r.len` bytes.
+    pub async fn read(&self, r: &BlockRead) -> Result<(Bytes, Source), ServeError> {
+        let _foreground = self.qos.foreground();
+        let at = self.locate_range(r).await?;
+        self.read_bytes(r, &at).await
+    }
+
+    /// One block range like [`read`](Self::read), but a block that is only on NVMe (and
+    /// verified) comes back as a file region instead of being read into memory. It is not
+    /// promoted to DRAM then: the page cache holds it as well as DRAM would.
+    pub async fn read_payload(&self, r: &BlockRead) -> Result<Served, ServeError> {
+        let _foreground = self.qos.foreground();
+        let at = self.locate_range(r).await?;
+        if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
+            self.served(r.len);
+            self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
+            let payload =
+                Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
+            return Ok(Served { payload, source: Source::Nvme, key: at.key });
+        }
+        let (bytes, source) = self.read_bytes(r, &at).await?;
+        Ok(Served { payload: Payload::Bytes(bytes), source, key: at.key })
+    }
+
+    async fn read_bytes(&self, r: &BlockRead, at: &Located) -> Result<(Bytes, Source), ServeError> {
+        let (bytes, source) = self.fetcher.block(at, Durability::WriteBack).await?;
+        let start = r.offset as usize;
+        let out = bytes.slice(start..start + r.len as usize);
+        self.served(out.len() as u64);
+        Ok((out, source))
+    }
+
+    /// Makes sure a whole block is cached (a warmup task). Shares the single flight with
+    /// client reads, so a block a client is fetching at the same moment is fetched once.
+    pub async fn load(&self, r: &BlockRead) -> Result<LoadOutcome, ServeError> {
+        let at = self.locate(r).await?;
+        if self.cache.contains(&at.key) {
+            return Ok(LoadOutcome { already_cached: true, bytes: at.block_len });
+        }
+        let (_, source) = self.fetcher.block(&at, Durability::WriteThrough).await?;
+        Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: at.block_len })
+    }
+
+    /// A UFS writer for a Strata path, if its mount may be written.
+    pub async fn open_writer(&self, raw: &str) -> Result<Box<dyn UfsWriter>, ServeError> {
+        let resolved = self.mounts.resolve(raw).await?;
+        if resolved.rel.is_empty() {
+            return Err(ServeError::Ufs(UfsError::IsDirectory(format!(
+                "{} is a mount point",
+                resolved.path
+            ))));
+        }
+        if !resolved.mount.mode.is_writable() {
+            return Err(ServeError::ReadOnly(resolved.path));
+        }
+        let ufs = resolved.mount.ufs.as_write().ok_or_else(|| ServeError::ReadOnly(resolved.path.clone()))?;
+        Ok(ufs.writer(&resolved.rel).await?)
+    }
+
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot(self.cache.corrupt_blocks())
+    }
+
+    /// Writes every dirty DRAM block to NVMe and waits for queued NVMe writes (shutdown).
+    pub async fn flush(&self) {
+        self.cache.flush().await;
+    }
+}

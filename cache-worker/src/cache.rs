@@ -1,0 +1,330 @@
+//! The block cache: a DRAM tier over an NVMe tier, with NVMe write-back and a byte budget on
+//! NVMe writes. It knows blocks by [`BlockKey`] only — no mounts, no UFS, no transport.
+//!
+//! Invariants:
+//! - a lookup returns only what a tier returns, and tiers never return bytes that differ from
+//!   what was stored under the key (see `tier`); a tier failure is a miss, never a failed read;
+//! - a block kept with [`Durability::WriteBack`] is in DRAM and marked dirty *before* DRAM can
+//!   evict it, so every dirty block reaches NVMe: when DRAM evicts it, when client reads have
+//!   been quiet for the write-back idle time ([`BlockCache::run_writeback`]), or at
+//!   [`BlockCache::flush`] (shutdown). What a crash loses is DRAM-only copies, which the UFS
+//!   still has;
+//! - NVMe writes wait for the byte budget instead of being dropped: a slow disk slows the
+//!   misses that fill it down, it does not silently lose blocks.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_common::BlockKey;
+use strata_common::background::sleep_or_cancel;
+use strata_common::frame::Source;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::metrics_defs as m;
+use crate::qos::Qos;
+use crate::stats::Counters;
+use crate::tier::{Tier, TierKind, TierUsage};
+
+/// Default of `WorkerConfig::nvme_writeback_idle_ms`.
+pub const DEFAULT_WRITEBACK_IDLE: Duration = Duration::from_millis(1000);
+/// NVMe write budget is counted in KiB so a u32 of permits covers terabytes.
+const BUDGET_UNIT: u64 = 1024;
+
+/// When a block kept in the cache must be on NVMe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// In DRAM now, on NVMe when DRAM evicts it or reads go quiet (blocks fetched for reads).
+    WriteBack,
+    /// Queued for NVMe now (warmup: a block reported loaded is on NVMe).
+    WriteThrough,
+}
+
+/// A verified NVMe block's file, for serving without copying through memory: `len` bytes of
+/// data at `data_offset`.
+#[derive(Debug)]
+pub struct FileRegion {
+    pub file: std::fs::File,
+    pub data_offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct CacheConfig {
+    /// Bytes of NVMe writes queued at most before a miss waits.
+    pub nvme_write_budget: u64,
+    /// Quiet time before dirty DRAM blocks go to NVMe; zero writes through at once.
+    pub writeback_idle: Duration,
+    /// Serve verified NVMe blocks as file regions.
+    pub zero_copy: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self { nvme_write_budget: 256 << 20, writeback_idle: DEFAULT_WRITEBACK_IDLE, zero_copy: true }
+    }
+}
+
+pub struct BlockCache {
+    memory: Arc<dyn Tier>,
+    nvme: Arc<dyn Tier>,
+    nvme_budget: Arc<Semaphore>,
+    nvme_budget_units: u32,
+    writeback: Arc<Writeback>,
+    /// Quiet time (ms) before write-back; zero is write-through.
+    writeback_idle_ms: AtomicU64,
+    zero_copy: AtomicBool,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Writeback {
+    dirty: Mutex<HashSet<BlockKey>>,
+    evicted: Mutex<Vec<(BlockKey, Bytes)>>,
+}
+
+impl Writeback {
+    /// The DRAM tier's eviction sink: a dirty block leaving DRAM must reach NVMe.
+    fn on_evict(&self, key: &BlockKey, bytes: &Bytes) {
+        if lock(&self.dirty).remove(key) {
+            lock(&self.evicted).push((key.clone(), bytes.clone()));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl BlockCache {
+    pub fn new(
+        memory: Arc<dyn Tier>,
+        nvme: Arc<dyn Tier>,
+        config: CacheConfig,
+        counters: Arc<Counters>,
+    ) -> Self {
+        let units = (config.nvme_write_budget / BUDGET_UNIT).clamp(1, u32::MAX as u64 / 2) as u32;
+        let writeback = Arc::new(Writeback::default());
+        let sink = Arc::clone(&writeback);
+        let can_write_back = memory.set_eviction_sink(Box::new(move |key, bytes| sink.on_evict(key, bytes)));
+        // Without an eviction sink a dirty block could leave DRAM unseen: write through then.
+        let idle = if can_write_back { config.writeback_idle } else { Duration::ZERO };
+        Self {
+            memory,
+            nvme,
+            nvme_budget: Arc::new(Semaphore::new(units as usize)),
+            nvme_budget_units: units,
+            writeback,
+            writeback_idle_ms: AtomicU64::new(idle.as_millis() as u64),
+            zero_copy: AtomicBool::new(config.zero_copy),
+            counters,
+        }
+    }
+
+    /// Sets how long client reads must be quiet before blocks they fetched, held in DRAM only,
+    /// are written to NVMe; zero writes every fetched block to NVMe at once (write-through).
+    /// Blocks DRAM evicts are written at once either way.
+    pub fn set_writeback_idle(&self, idle: Duration) {
+        self.writeback_idle_ms.store(idle.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Turns serving NVMe blocks as file regions (sendfile, passed descriptors) on or off.
+    pub fn set_zero_copy(&self, on: bool) {
+        self.zero_copy.store(on, Ordering::Relaxed);
+    }
+
+    /// The tiers, top first (for block reports).
+    pub fn tiers(&self) -> [&Arc<dyn Tier>; 2] {
+        [&self.memory, &self.nvme]
+    }
+
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.memory.contains(key) || self.nvme.contains(key)
+    }
+
+    /// The whole block from DRAM, without touching NVMe.
+    pub async fn memory_get(&self, key: &BlockKey) -> Option<Bytes> {
+        self.memory.get(key).await.ok().flatten()
+    }
+
+    /// A block that is on NVMe only and whose checksum is verified, as its file (zero copy).
+    /// `None` when zero copy is off, the block is in DRAM (serve that), or it is not verified.
+    pub fn open_verified(&self, key: &BlockKey, block_len: u64) -> Option<FileRegion> {
+        if !self.zero_copy.load(Ordering::Relaxed) || self.memory.contains(key) {
+            return None;
+        }
+        let (file, data_offset, len) = self.nvme.open_verified(key)?;
+        if len != block_len {
+            return None;
+        }
+        self.hit(TierKind::Nvme);
+        Some(FileRegion { file, data_offset, len })
+    }
+
+    /// The whole block from a tier: DRAM, else NVMe (promoted to DRAM).
+    pub async fn lookup(&self, key: &BlockKey) -> Option<(Bytes, Source)> {
+        match self.memory.get(key).await {
+            Ok(Some(b)) => {
+                self.hit(TierKind::Memory);
+                return Some((b, Source::Memory));
+            }
+            Ok(None) => {}
+            Err(e) => warn!(block = %key, tier = "memory", err = %e, "tier read failed"),
+        }
+        match self.nvme.get(key).await {
+            Ok(Some(b)) => {
+                self.hit(TierKind::Nvme);
+                if let Err(e) = self.memory.put(key, b.clone()).await {
+                    debug!(block = %key, tier = "memory", err = %e, "promotion skipped");
+                }
+                self.persist_evicted().await;
+                Some((b, Source::Nvme))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                warn!(block = %key, tier = "nvme", err = %e, "tier read failed");
+                None
+            }
+        }
+    }
+
+    fn hit(&self, tier: TierKind) {
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::CACHE_HITS, "tier" => tier.label()).increment(1);
+    }
+
+    /// Caches a fetched block in DRAM and, for NVMe, either queues its write now
+    /// (`WriteThrough`, or write-back off, or no room in DRAM) or marks it dirty.
+    pub async fn keep(&self, key: &BlockKey, bytes: &Bytes, durability: Durability) {
+        let write_back = durability == Durability::WriteBack
+            && self.writeback_idle_ms.load(Ordering::Relaxed) > 0
+            && self.nvme.usage().capacity_bytes > 0;
+        // Dirty before it is in DRAM: an eviction right after the put must see it dirty.
+        if write_back {
+            lock(&self.writeback.dirty).insert(key.clone());
+        }
+        let in_memory = match self.memory.put(key, bytes.clone()).await {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(block = %key, tier = "memory", err = %e, "not cached in memory");
+                false
+            }
+        };
+        if !write_back || !in_memory {
+            if write_back {
+                lock(&self.writeback.dirty).remove(key);
+            }
+            self.write_nvme(key.clone(), bytes.clone()).await;
+        }
+        self.persist_evicted().await;
+    }
+
+    /// Queues the NVMe writes of dirty blocks DRAM has evicted (waiting for budget).
+    async fn persist_evicted(&self) {
+        let evicted = std::mem::take(&mut *lock(&self.writeback.evicted));
+        for (key, bytes) in evicted {
+            self.write_nvme(key, bytes).await;
+        }
+    }
+
+    /// Queues the NVMe writes of up to `limit` dirty blocks still in DRAM; how many it took.
+    async fn persist_dirty(&self, limit: usize) -> usize {
+        let keys: Vec<BlockKey> = {
+            let mut dirty = lock(&self.writeback.dirty);
+            let keys: Vec<BlockKey> = dirty.iter().take(limit).cloned().collect();
+            for key in &keys {
+                dirty.remove(key);
+            }
+            keys
+        };
+        for key in &keys {
+            // Gone from DRAM meanwhile (evicted while not dirty, or removed): nothing to keep.
+            if let Some(bytes) = self.memory.peek(key) {
+                self.write_nvme(key.clone(), bytes).await;
+            }
+        }
+        keys.len()
+    }
+
+    /// Writes one dirty DRAM block to NVMe and waits until it is written; `false` when none is
+    /// left. One at a time, so a read that starts meanwhile shares the machine with at most one
+    /// block write (queuing many at once stalled reads for seconds on two cores).
+    async fn write_back_one(&self) -> bool {
+        let key = {
+            let mut dirty = lock(&self.writeback.dirty);
+            let Some(key) = dirty.iter().next().cloned() else {
+                return false;
+            };
+            dirty.remove(&key);
+            key
+        };
+        if let Some(bytes) = self.memory.peek(&key)
+            && let Err(e) = self.nvme.put(&key, bytes).await
+        {
+            debug!(block = %key, tier = "nvme", err = %e, "not written back to nvme");
+        }
+        true
+    }
+
+    /// The write-back writer: writes dirty DRAM blocks to NVMe whenever client reads (`qos`)
+    /// have been quiet for the write-back idle time, until `cancel`.
+    pub async fn run_writeback(&self, qos: &Qos, cancel: CancellationToken) {
+        loop {
+            let idle = Duration::from_millis(self.writeback_idle_ms.load(Ordering::Relaxed));
+            let wait = if idle.is_zero() { DEFAULT_WRITEBACK_IDLE } else { idle / 4 };
+            if sleep_or_cancel(wait, &cancel).await {
+                return;
+            }
+            while !cancel.is_cancelled() && qos.quiet_for() >= idle && self.write_back_one().await {}
+        }
+    }
+
+    /// Queues an NVMe write, waiting for budget when too many bytes are already queued.
+    async fn write_nvme(&self, key: BlockKey, bytes: Bytes) {
+        let units = (bytes.len() as u64 / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
+        let Ok(permit) = self.nvme_budget.clone().acquire_many_owned(units).await else {
+            return;
+        };
+        let nvme = self.nvme.clone();
+        tokio::spawn(async move {
+            if let Err(e) = nvme.put(&key, bytes).await {
+                debug!(block = %key, tier = "nvme", err = %e, "not cached on nvme");
+            }
+            drop(permit);
+        });
+    }
+
+    /// Writes every dirty DRAM block to NVMe and waits until every queued NVMe write has
+    /// finished (shutdown, tests).
+    pub async fn flush(&self) {
+        self.persist_evicted().await;
+        while self.persist_dirty(usize::MAX).await > 0 {}
+        self.nvme_writes_settled().await;
+    }
+
+    /// Waits until the NVMe writes queued so far have finished, without writing dirty blocks.
+    pub async fn nvme_writes_settled(&self) {
+        if let Ok(all) = self.nvme_budget.acquire_many(self.nvme_budget_units).await {
+            drop(all);
+        }
+    }
+
+    /// What the DRAM and NVMe tiers hold now.
+    pub fn tier_usage(&self) -> (TierUsage, TierUsage) {
+        (self.memory.usage(), self.nvme.usage())
+    }
+
+    /// Blocks held in DRAM only, waiting for write-back to NVMe.
+    pub fn dirty_blocks(&self) -> usize {
+        lock(&self.writeback.dirty).len()
+    }
+
+    /// Corrupt blocks both tiers detected (and dropped) since start.
+    pub fn corrupt_blocks(&self) -> u64 {
+        self.memory.corrupt_blocks() + self.nvme.corrupt_blocks()
+    }
+}

@@ -1,0 +1,47 @@
+//! The worker's own counters (besides the metrics, which are process-wide): what a heartbeat
+//! reports to the master and what tests assert on, per worker even when several run in one
+//! process.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub ufs_reads: AtomicU64,
+    pub ufs_bytes: AtomicU64,
+    pub bytes_served: AtomicU64,
+    /// Blocks a sidecar got from its upstream (the cluster) instead of the UFS.
+    pub upstream_reads: AtomicU64,
+    /// Bytes served as NVMe file regions rather than through memory.
+    pub zero_copy_bytes: AtomicU64,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub ufs_reads: u64,
+    pub ufs_bytes_read: u64,
+    pub bytes_served: u64,
+    pub upstream_reads: u64,
+    pub zero_copy_bytes: u64,
+    pub corrupt_blocks: u64,
+}
+
+impl Counters {
+    pub fn snapshot(&self, corrupt_blocks: u64) -> CounterSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CounterSnapshot {
+            cache_hits: get(&self.hits),
+            cache_misses: get(&self.misses),
+            ufs_reads: get(&self.ufs_reads),
+            ufs_bytes_read: get(&self.ufs_bytes),
+            bytes_served: get(&self.bytes_served),
+            upstream_reads: get(&self.upstream_reads),
+            zero_copy_bytes: get(&self.zero_copy_bytes),
+            corrupt_blocks,
+        }
+    }
+}
