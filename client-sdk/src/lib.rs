@@ -40,7 +40,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 use transport::Sink;
 
-pub use error::{ClientError, Result};
+pub use error::{ClientError, Result, Unserved};
 pub use fsops::StrataWriter;
 pub use jobs::job_finished;
 #[cfg(feature = "rdma")]
@@ -442,7 +442,7 @@ impl Client {
                 ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
             }
             if ring.is_empty() {
-                return Err(ClientError::Unavailable("no live workers in the cluster".into()));
+                return Err(ClientError::unavailable("no live workers in the cluster"));
             }
             for (attempt, owner) in ring.owners(hash, ring.members().len()).into_iter().enumerate() {
                 match sink.read(self.inner.transport.as_ref(), &owner.data_addr, &req).await {
@@ -457,14 +457,11 @@ impl Client {
                         warn!(worker = %owner.id, block = slice.index, path = %info.path, err = %e, "worker failed; trying the next");
                         last_err = Some(e);
                     }
-                    Err(TransportError::Remote { kind, message, .. }) => {
-                        return Err(ClientError::from_kind(kind, message));
-                    }
-                    Err(e) => return Err(ClientError::Unavailable(e.to_string())),
+                    Err(e) => return Err(ClientError::from_transport(e)),
                 }
             }
         }
-        Err(ClientError::Unavailable(last_err.map_or_else(|| "no worker answered".into(), |e| e.to_string())))
+        Err(ClientError::unserved(last_err, "no worker answered"))
     }
 
     /// A streaming reader of one version of the file, with sequential readahead.

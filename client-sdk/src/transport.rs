@@ -67,6 +67,9 @@ pub trait Transport: Send + Sync + 'static {
     }
 }
 
+/// The request id of a worker's answer to a frame it could not parse.
+const REJECTED_REQ_ID: u64 = 0;
+
 /// Where a response's payload goes: a new buffer, or the caller's.
 pub(crate) enum Sink<'a> {
     New,
@@ -168,7 +171,9 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Reads the response to request `req_id`: a success must carry `expected` payload bytes,
 /// which land in `sink` (`None` returned for `Sink::Into`); an error frame becomes
-/// [`TransportError::Remote`].
+/// [`TransportError::Remote`] with the kind it carries. An error frame for request 0 answers
+/// this request too: a worker that cannot parse a frame never learns its id and rejects it as
+/// `BadFrame` under id 0 (client ids start at 1).
 pub(crate) async fn read_response<S: AsyncRead + Unpin>(
     stream: &mut S,
     addr: &str,
@@ -185,7 +190,8 @@ pub(crate) async fn read_response<S: AsyncRead + Unpin>(
         Ok(_) => expected,
         Err(_) => head.payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
     };
-    if head.req_id != req_id || head.payload_len != want {
+    let ours = head.req_id == req_id || (head.req_id == REJECTED_REQ_ID && head.status.is_err());
+    if !ours || head.payload_len != want {
         return Err(protocol(format!(
             "response {}/{} bytes for request {req_id}/{expected}",
             head.req_id, head.payload_len
@@ -249,9 +255,14 @@ async fn pooled_call<P: Pool>(
 }
 
 /// Whether a connection can be reused after an exchange ended with `result`: only one that
-/// completed a whole exchange is known to be in sync.
+/// completed a whole exchange is known to be in sync, and not one whose frame the worker
+/// rejected as bad (it closes the connection after saying so).
 pub(crate) fn reusable<T>(result: &Result<T, TransportError>) -> bool {
-    matches!(result, Ok(_) | Err(TransportError::Remote { .. }))
+    match result {
+        Ok(_) => true,
+        Err(TransportError::Remote { kind, .. }) => *kind != ErrorKind::BadFrame,
+        Err(_) => false,
+    }
 }
 
 /// The [`Transport`] of a framed [`Pool`].
@@ -411,5 +422,43 @@ impl Transport for FaultyTransport {
     ) -> Result<Source, TransportError> {
         self.check(addr)?;
         self.inner.read_block_into(addr, req, dst).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_frame(req_id: u64, kind: ErrorKind, message: &str) -> Vec<u8> {
+        let head = ResponseHeader { status: Err(kind), req_id, payload_len: message.len() as u64 };
+        [&head.encode()[..], message.as_bytes()].concat()
+    }
+
+    async fn answer(frame: &[u8], req_id: u64) -> Result<(Option<Bytes>, Source), TransportError> {
+        read_response(&mut &frame[..], "w:1", req_id, 10, Sink::New).await
+    }
+
+    #[tokio::test]
+    async fn every_kind_survives_an_error_frame() {
+        for kind in ErrorKind::ALL {
+            let got = answer(&error_frame(7, kind, "boom"), 7).await;
+            match got {
+                Err(TransportError::Remote { kind: k, message, .. }) => {
+                    assert_eq!((k, message.as_str()), (kind, "boom"));
+                }
+                other => panic!("{kind}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rejected_frame_is_a_bad_frame_and_ends_the_connection() {
+        let got = answer(&error_frame(0, ErrorKind::BadFrame, "unknown op 9"), 7).await;
+        assert!(matches!(got, Err(TransportError::Remote { kind: ErrorKind::BadFrame, .. })), "{got:?}");
+        assert!(!reusable(&got), "the worker closes the connection after a rejection");
+        let other = answer(&error_frame(7, ErrorKind::NotFound, "x"), 7).await;
+        assert!(reusable(&other), "an answered request leaves the connection in sync");
+        let stray = answer(&error_frame(6, ErrorKind::NotFound, "x"), 7).await;
+        assert!(matches!(stray, Err(TransportError::Protocol { .. })), "{stray:?}");
     }
 }
