@@ -48,7 +48,9 @@ pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
-pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError, UnixTransport};
+#[cfg(any(test, feature = "testing"))]
+pub use transport::FaultyTransport;
+pub use transport::{TcpTransport, Transport, TransportError, UnixTransport};
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
 pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";

@@ -1,11 +1,11 @@
 //! The data-plane transport seam. [`TcpTransport`] speaks the framed protocol of
 //! `strata_common::frame` over pooled connections; [`UnixTransport`] speaks the same frames to
-//! a sidecar worker's Unix socket; [`FaultyTransport`] wraps any transport and fails on demand,
-//! for tests.
+//! a sidecar worker's Unix socket. With the `testing` feature, `FaultyTransport` wraps any
+//! transport and fails on demand, for tests.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -371,57 +371,112 @@ pub(crate) async fn connect_unix(path: &str, timeout: Duration) -> Result<UnixSt
         .map_err(|source| TransportError::Connect { addr: path.to_string(), source })
 }
 
-/// Fails reads to chosen workers, for tests of failover.
-pub struct FaultyTransport {
-    inner: Arc<dyn Transport>,
-    /// Reads to these addresses fail as if the connection was refused.
-    pub down: Mutex<Vec<String>>,
-    /// The next N reads (to any address) fail.
-    pub fail_next: AtomicU64,
-}
+#[cfg(any(test, feature = "testing"))]
+pub use faulty::FaultyTransport;
 
-impl FaultyTransport {
-    pub fn new(inner: Arc<dyn Transport>) -> Self {
-        Self { inner, down: Mutex::new(Vec::new()), fail_next: AtomicU64::new(0) }
+/// A test double: built for this crate's tests and, through the `testing` feature, for other
+/// crates' tests, never into a production binary.
+#[cfg(any(test, feature = "testing"))]
+mod faulty {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use strata_common::frame::{ReadBlockRequest, Source};
+
+    use super::{Transport, TransportError};
+
+    /// Fails reads to chosen workers, for tests of failover.
+    pub struct FaultyTransport {
+        inner: Arc<dyn Transport>,
+        /// Reads to these addresses fail as if the connection was refused.
+        pub down: Mutex<Vec<String>>,
+        /// The next N reads (to any address) fail.
+        pub fail_next: AtomicU64,
     }
-}
 
-impl FaultyTransport {
-    /// The injected failure for a read to `addr`, if any.
-    fn check(&self, addr: &str) -> Result<(), TransportError> {
-        let refused = || TransportError::Connect {
-            addr: addr.to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
-        };
-        if self.down.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|a| a == addr) {
-            return Err(refused());
+    impl FaultyTransport {
+        pub fn new(inner: Arc<dyn Transport>) -> Self {
+            Self { inner, down: Mutex::new(Vec::new()), fail_next: AtomicU64::new(0) }
         }
-        if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-            return Err(refused());
+    }
+
+    impl FaultyTransport {
+        /// The injected failure for a read to `addr`, if any.
+        fn check(&self, addr: &str) -> Result<(), TransportError> {
+            let refused = || TransportError::Connect {
+                addr: addr.to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
+            };
+            if self.down.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|a| a == addr) {
+                return Err(refused());
+            }
+            if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                return Err(refused());
+            }
+            Ok(())
         }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Transport for FaultyTransport {
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError> {
-        self.check(addr)?;
-        self.inner.read_block(addr, req).await
     }
 
-    async fn read_block_into(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-        dst: &mut [u8],
-    ) -> Result<Source, TransportError> {
-        self.check(addr)?;
-        self.inner.read_block_into(addr, req, dst).await
+    #[async_trait]
+    impl Transport for FaultyTransport {
+        async fn read_block(
+            &self,
+            addr: &str,
+            req: &ReadBlockRequest,
+        ) -> Result<(Bytes, Source), TransportError> {
+            self.check(addr)?;
+            self.inner.read_block(addr, req).await
+        }
+
+        async fn read_block_into(
+            &self,
+            addr: &str,
+            req: &ReadBlockRequest,
+            dst: &mut [u8],
+        ) -> Result<Source, TransportError> {
+            self.check(addr)?;
+            self.inner.read_block_into(addr, req, dst).await
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        struct Ok1;
+
+        #[async_trait]
+        impl Transport for Ok1 {
+            async fn read_block(
+                &self,
+                _: &str,
+                _: &ReadBlockRequest,
+            ) -> Result<(Bytes, Source), TransportError> {
+                Ok((Bytes::from_static(b"x"), Source::Memory))
+            }
+        }
+
+        #[tokio::test]
+        async fn fails_reads_to_down_workers_and_the_next_n() {
+            let faulty = FaultyTransport::new(Arc::new(Ok1));
+            let req = ReadBlockRequest {
+                req_id: 1,
+                path: "/f".into(),
+                version: "v".into(),
+                file_size: 1,
+                block_size: 1,
+                block_index: 0,
+                offset: 0,
+                len: 1,
+            };
+            faulty.down.lock().unwrap().push("down:1".into());
+            faulty.fail_next.store(1, Ordering::SeqCst);
+            assert!(matches!(faulty.read_block("up:1", &req).await, Err(TransportError::Connect { .. })));
+            assert!(faulty.read_block("up:1", &req).await.is_ok(), "only the next one failed");
+            assert!(matches!(faulty.read_block("down:1", &req).await, Err(TransportError::Connect { .. })));
+        }
     }
 }
 
