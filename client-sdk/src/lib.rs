@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strata_common::frame::{ReadBlockRequest, Source};
+use strata_common::frame::ReadBlockRequest;
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, block_slices, path};
 use strata_proto::master_client::MasterClient;
@@ -516,9 +516,6 @@ impl Client {
         Ok(self.master().get_block_locations(req).await.map_err(|s| self.status_err(s))?.into_inner())
     }
 }
-
-/// Where a block read was served from, re-exported for callers that measure it.
-pub type BlockSource = Source;
 
 /// The master's gRPC endpoint with the client's timeouts.
 fn master_endpoint(config: &ClientConfig) -> Result<Endpoint> {
