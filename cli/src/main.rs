@@ -23,7 +23,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "strata", version, about, long_about = None)]
 struct Cli {
     /// The master's gRPC address (host:port).
-    #[arg(long, global = true, env = "STRATA_MASTER", default_value = "127.0.0.1:19998")]
+    #[arg(long, global = true, env = "STRATA_MASTER", default_value = strata_common::DEFAULT_MASTER_ADDR)]
     master: String,
     #[command(subcommand)]
     command: Command,

@@ -92,6 +92,13 @@ pub struct ClientConfig {
     pub rdma: RdmaMode,
 }
 
+/// The defaults, for the master at [`strata_common::DEFAULT_MASTER_ADDR`] (this host).
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self::new(strata_common::DEFAULT_MASTER_ADDR)
+    }
+}
+
 impl ClientConfig {
     pub fn new(master_addr: impl Into<String>) -> Self {
         Self {

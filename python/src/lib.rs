@@ -737,5 +737,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Writer>()?;
     m.add_function(wrap_pyfunction!(runtime_generation, m)?)?;
     m.add_function(wrap_pyfunction!(runtime_running, m)?)?;
+    // The CLI's default too: one constant, so the two cannot drift apart.
+    m.add("DEFAULT_MASTER", strata_common::DEFAULT_MASTER_ADDR)?;
     process::register(m)
 }
