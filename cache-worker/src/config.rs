@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// The master's gRPC address (`host:port`). Default `127.0.0.1:19998`.
+    /// The master's gRPC address (`host:port`). Default `127.0.0.1:19998` (`strata_common::DEFAULT_MASTER_ADDR`).
     pub master_addr: String,
     /// Data-plane (framed TCP) listen address. Default `127.0.0.1:29998`; port 0 picks one.
     pub data_addr: SocketAddr,
@@ -102,7 +102,7 @@ impl Default for RdmaConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            master_addr: "127.0.0.1:19998".to_string(),
+            master_addr: strata_common::DEFAULT_MASTER_ADDR.to_string(),
             data_addr: ([127, 0, 0, 1], 29998).into(),
             http_addr: ([127, 0, 0, 1], 29999).into(),
             advertise_host: None,

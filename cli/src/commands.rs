@@ -351,11 +351,8 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
         json!({"cache_hits": c.cache_hits, "cache_misses": c.cache_misses, "ufs_reads": c.ufs_reads,
                "ufs_bytes_read": c.ufs_bytes_read, "bytes_served": c.bytes_served, "corrupt_blocks": c.corrupt_blocks})
     };
-    let tier_name = |t: i32| match t {
-        1 => "memory",
-        2 => "nvme",
-        _ => "unspecified",
-    };
+    let tier_name =
+        |t: i32| strata_proto::Tier::try_from(t).unwrap_or(strata_proto::Tier::Unspecified).label();
     if as_json {
         let workers: Vec<_> = s
             .workers

@@ -13,6 +13,7 @@ macro_rules! outln {
 mod commands;
 mod warmup;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -23,7 +24,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "strata", version, about, long_about = None)]
 struct Cli {
     /// The master's gRPC address (host:port).
-    #[arg(long, global = true, env = "STRATA_MASTER", default_value = "127.0.0.1:19998")]
+    #[arg(long, global = true, env = "STRATA_MASTER", default_value = strata_common::DEFAULT_MASTER_ADDR)]
     master: String,
     #[command(subcommand)]
     command: Command,
@@ -180,6 +181,9 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: a log file or a collector would keep
+        // them as escape noise in every line.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

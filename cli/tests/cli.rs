@@ -26,12 +26,18 @@ impl Drop for Standalone {
 }
 
 fn start_standalone(dir: &Path, master: &str, mount: &str) -> Standalone {
-    let mut child = strata()
+    let mut cmd = strata();
+    cmd.stderr(Stdio::null());
+    start_standalone_with(cmd, dir, master, mount)
+}
+
+/// A standalone started from `cmd` (its environment and stderr as the caller set them).
+fn start_standalone_with(mut cmd: Command, dir: &Path, master: &str, mount: &str) -> Standalone {
+    let mut child = cmd
         .args(["--master", master, "standalone", "--memory", "64MiB", "--nvme", "256MiB", "--mount", mount])
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -136,6 +142,23 @@ fn standalone_serves_the_cli_and_reports_clear_errors() {
     assert_eq!(paths, vec!["/d", "/extra"]);
     let cat = run(&master, &["cat", "/extra/sub/blob.bin"]);
     assert!(cat.status.success() && cat.stdout == data);
+}
+
+/// A log written to a file (`2> strata.log`, a service manager's capture) is plain text: colour
+/// codes are for a terminal only.
+#[test]
+fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    let log = state.path().join("strata.log");
+    let mut cmd = strata();
+    cmd.env("RUST_LOG", "info").stderr(std::fs::File::create(&log).unwrap());
+    let master = format!("127.0.0.1:{}", free_port());
+    let mount = format!("/d=file://{}", ufs.path().display());
+    drop(start_standalone_with(cmd, &state.path().join("node"), &master, &mount));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("INFO") && text.contains("mount added"), "RUST_LOG=info is obeyed: {text}");
+    assert!(!text.contains('\u{1b}'), "no escape codes: {text:?}");
 }
 
 #[test]

@@ -1,5 +1,11 @@
+//! What a client call can fail with. Every error has the [`ErrorKind`] it arrived as (from the
+//! master over gRPC, from a worker in a data-plane error frame) or the client decided on, so a
+//! caller acts on [`ClientError::kind`] and never on a message.
+
 use strata_common::ErrorKind;
 use thiserror::Error;
+
+use crate::TransportError;
 
 /// Errors a Strata client returns. Cache-node failures never surface here while any worker
 /// (or the UFS through one) can still serve the bytes.
@@ -19,22 +25,62 @@ pub enum ClientError {
     #[error("master unavailable: {0}")]
     MasterUnavailable(String),
     #[error("no worker could serve the read: {0}")]
-    Unavailable(String),
+    Unavailable(Unserved),
     #[error("{0} changed in the UFS while it was being read; reopen it to read the new version")]
     Changed(String),
+    /// Any other kind a server answered with (`Ufs`, `Internal`, `BadFrame`...).
     #[error("{kind}: {message}")]
     Remote { kind: ErrorKind, message: String },
 }
 
+/// Why no worker served a request, and the kind of the last failure: `Unavailable` when no
+/// worker could be reached, or what the last one answered (`Ufs` when every worker relayed a
+/// failing UFS), so a caller can tell a storage outage from a cache outage.
+#[derive(Debug)]
+pub struct Unserved {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Unserved {
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for Unserved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 impl ClientError {
+    /// The kind of this error; for an error a server sent, exactly the kind it sent.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ClientError::NotFound(_) => ErrorKind::NotFound,
+            ClientError::IsDirectory(_) => ErrorKind::IsDirectory,
+            ClientError::AlreadyExists(_) => ErrorKind::AlreadyExists,
+            ClientError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            ClientError::MasterUnavailable(_) => ErrorKind::Unavailable,
+            ClientError::Unavailable(unserved) => unserved.kind,
+            ClientError::Changed(_) => ErrorKind::VersionChanged,
+            ClientError::Remote { kind, .. } => *kind,
+        }
+    }
+
     pub fn is_temporary(&self) -> bool {
-        matches!(self, ClientError::MasterUnavailable(_) | ClientError::Unavailable(_))
-            || matches!(self, ClientError::Remote { kind, .. } if kind.is_temporary())
+        self.kind().is_temporary()
     }
 
     pub(crate) fn from_kind(kind: ErrorKind, message: String) -> Self {
         match kind {
-            ErrorKind::InvalidArgument | ErrorKind::BadFrame => ClientError::InvalidArgument(message),
+            ErrorKind::InvalidArgument => ClientError::InvalidArgument(message),
             ErrorKind::NotFound => ClientError::NotFound(message),
             ErrorKind::IsDirectory => ClientError::IsDirectory(message),
             ErrorKind::AlreadyExists => ClientError::AlreadyExists(message),
@@ -50,6 +96,33 @@ impl ClientError {
             return ClientError::MasterUnavailable(format!("master at {master}: {}", status.message()));
         }
         Self::from_kind(kind, status.message().to_string())
+    }
+
+    /// No worker could be reached or kept the connection (`Unavailable`).
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
+        ClientError::Unavailable(Unserved { kind: ErrorKind::Unavailable, message: message.into() })
+    }
+
+    /// Every worker tried failed, the last one with `last` (`None`: there was none to try).
+    pub(crate) fn unserved(last: Option<TransportError>, none_tried: &str) -> Self {
+        match last {
+            None => Self::unavailable(none_tried),
+            Some(e) => {
+                let kind = match &e {
+                    TransportError::Remote { kind, .. } => *kind,
+                    _ => ErrorKind::Unavailable,
+                };
+                ClientError::Unavailable(Unserved { kind, message: e.to_string() })
+            }
+        }
+    }
+
+    /// The error a request ends with when a worker failed it and no other is asked.
+    pub(crate) fn from_transport(e: TransportError) -> Self {
+        match e {
+            TransportError::Remote { kind, message, .. } => Self::from_kind(kind, message),
+            e => Self::unserved(Some(e), ""),
+        }
     }
 }
 
@@ -69,3 +142,41 @@ impl From<ClientError> for std::io::Error {
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_a_server_sends_is_the_kind_of_the_error() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(ClientError::from_kind(kind, "m".into()).kind(), kind);
+            let status = strata_proto::status(kind, "m");
+            assert_eq!(ClientError::from_status(status, "master:1").kind(), kind);
+        }
+    }
+
+    #[test]
+    fn a_ufs_failure_on_the_master_is_not_the_master_being_down() {
+        let e = ClientError::from_status(strata_proto::status(ErrorKind::Ufs, "/data/x: slow down"), "m:1");
+        assert!(matches!(e, ClientError::Remote { kind: ErrorKind::Ufs, .. }), "{e:?}");
+        assert!(e.is_temporary());
+        let down = ClientError::from_status(tonic::Status::unavailable("connection refused"), "m:1");
+        assert!(matches!(down, ClientError::MasterUnavailable(_)), "{down:?}");
+        assert_eq!(down.to_string(), "master unavailable: master at m:1: connection refused");
+    }
+
+    #[test]
+    fn a_read_no_worker_served_keeps_the_kind_of_the_last_failure() {
+        let ufs = TransportError::Remote { addr: "w:1".into(), kind: ErrorKind::Ufs, message: "503".into() };
+        let e = ClientError::unserved(Some(ufs), "no worker answered");
+        assert_eq!(e.kind(), ErrorKind::Ufs);
+        assert_eq!(e.to_string(), "no worker could serve the read: w:1 answered ufs: 503");
+        let refused = TransportError::Timeout { addr: "w:2".into() };
+        assert_eq!(ClientError::unserved(Some(refused), "").kind(), ErrorKind::Unavailable);
+        let none = ClientError::unserved(None, "no live workers");
+        assert_eq!(none.kind(), ErrorKind::Unavailable);
+        assert_eq!(none.to_string(), "no worker could serve the read: no live workers");
+        assert!(e.is_temporary() && none.is_temporary());
+    }
+}

@@ -84,13 +84,10 @@ impl Client {
                     warn!(worker = %owner.id, path = %p, err = %e, "cannot start a write; trying the next worker");
                     last_err = Some(e);
                 }
-                Err(TransportError::Remote { kind, message, .. }) => {
-                    return Err(ClientError::from_kind(kind, message));
-                }
-                Err(e) => return Err(ClientError::Unavailable(e.to_string())),
+                Err(e) => return Err(ClientError::from_transport(e)),
             }
         }
-        Err(ClientError::Unavailable(last_err.map_or_else(|| "no live workers".into(), |e| e.to_string())))
+        Err(ClientError::unserved(last_err, "no live workers"))
     }
 
     async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<TcpStream, TransportError> {
@@ -211,7 +208,7 @@ impl StrataWriter {
         }
         let Some(WriteConn::Live(stream)) = self.stream.take() else { unreachable!("checked above") };
         let parked = stream.into_std().map_err(|e| {
-            ClientError::Unavailable(format!("write to {}: cannot detach the connection: {e}", self.addr))
+            ClientError::unavailable(format!("write to {}: cannot detach the connection: {e}", self.addr))
         })?;
         self.stream = Some(WriteConn::Parked(parked));
         Ok(())
@@ -230,7 +227,7 @@ impl StrataWriter {
         let stream = match conn {
             WriteConn::Live(stream) => stream,
             WriteConn::Parked(parked) => TcpStream::from_std(parked).map_err(|e| {
-                ClientError::Unavailable(format!("write to {}: cannot attach the connection: {e}", self.addr))
+                ClientError::unavailable(format!("write to {}: cannot attach the connection: {e}", self.addr))
             })?,
         };
         match self.stream.insert(WriteConn::Live(stream)) {
@@ -275,11 +272,11 @@ impl StrataWriter {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     self.stream = None;
-                    return Err(ClientError::Unavailable(format!("write to {addr} failed: {e}")));
+                    return Err(ClientError::unavailable(format!("write to {addr} failed: {e}")));
                 }
                 Err(_) => {
                     self.stream = None;
-                    return Err(ClientError::Unavailable(format!("write to {addr} timed out")));
+                    return Err(ClientError::unavailable(format!("write to {addr} timed out")));
                 }
             }
             data = &data[n..];
@@ -307,13 +304,7 @@ impl StrataWriter {
             .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.clone() }));
         // Whatever the outcome, what we knew of this file may be stale now.
         let forgot = self.client.invalidate(&self.path).await;
-        match answer {
-            Ok(()) => {}
-            Err(TransportError::Remote { kind, message, .. }) => {
-                return Err(ClientError::from_kind(kind, message));
-            }
-            Err(e) => return Err(ClientError::Unavailable(e.to_string())),
-        }
+        answer.map_err(ClientError::from_transport)?;
         if let Err(e) = forgot {
             warn!(path = %self.path, err = %e, "written, but the master's metadata cache was not invalidated");
         }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strata_common::frame::{ReadBlockRequest, Source};
+use strata_common::frame::ReadBlockRequest;
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, block_slices, path};
 use strata_proto::master_client::MasterClient;
@@ -41,7 +41,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 use transport::Sink;
 
-pub use error::{ClientError, Result};
+pub use error::{ClientError, Result, Unserved};
 pub use fsops::StrataWriter;
 pub use jobs::job_finished;
 #[cfg(feature = "rdma")]
@@ -49,7 +49,9 @@ pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
-pub use transport::{FaultyTransport, TcpTransport, Transport, TransportError, UnixTransport};
+#[cfg(any(test, feature = "testing"))]
+pub use transport::FaultyTransport;
+pub use transport::{TcpTransport, Transport, TransportError, UnixTransport};
 pub use upstream::ClusterUpstream;
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
@@ -90,6 +92,13 @@ pub struct ClientConfig {
     /// Read workers through RDMA grants ([`RdmaTransport`]) instead of plain TCP. Default
     /// [`RdmaMode::Off`]; any RDMA failure falls back to TCP for that read.
     pub rdma: RdmaMode,
+}
+
+/// The defaults, for the master at [`strata_common::DEFAULT_MASTER_ADDR`] (this host).
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self::new(strata_common::DEFAULT_MASTER_ADDR)
+    }
 }
 
 impl ClientConfig {
@@ -444,7 +453,7 @@ impl Client {
                 ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
             }
             if ring.is_empty() {
-                return Err(ClientError::Unavailable("no live workers in the cluster".into()));
+                return Err(ClientError::unavailable("no live workers in the cluster"));
             }
             for (attempt, owner) in ring.owners(hash, ring.members().len()).into_iter().enumerate() {
                 match sink.read(self.inner.transport.as_ref(), &owner.data_addr, &req).await {
@@ -459,14 +468,11 @@ impl Client {
                         warn!(worker = %owner.id, block = slice.index, path = %info.path, err = %e, "worker failed; trying the next");
                         last_err = Some(e);
                     }
-                    Err(TransportError::Remote { kind, message, .. }) => {
-                        return Err(ClientError::from_kind(kind, message));
-                    }
-                    Err(e) => return Err(ClientError::Unavailable(e.to_string())),
+                    Err(e) => return Err(ClientError::from_transport(e)),
                 }
             }
         }
-        Err(ClientError::Unavailable(last_err.map_or_else(|| "no worker answered".into(), |e| e.to_string())))
+        Err(ClientError::unserved(last_err, "no worker answered"))
     }
 
     /// A streaming reader of one version of the file, with sequential readahead.
@@ -519,9 +525,6 @@ impl Client {
         Ok(self.master().get_block_locations(req).await.map_err(|s| self.status_err(s))?.into_inner())
     }
 }
-
-/// Where a block read was served from, re-exported for callers that measure it.
-pub type BlockSource = Source;
 
 /// The master's gRPC endpoint with the client's timeouts.
 fn master_endpoint(config: &ClientConfig) -> Result<Endpoint> {

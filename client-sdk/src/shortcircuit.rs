@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use strata_common::ErrorKind;
 use strata_common::fdpass::read_exact_with_fds;
 use strata_common::frame::{
     BlockGrant, GrantHandle, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, RESPONSE_HEADER_LEN,
@@ -303,8 +304,9 @@ impl ShortCircuit {
         let result = tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, &req))
             .await
             .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }));
-        // Only a connection that completed a whole exchange is known to be in step.
-        if matches!(result, Ok(_) | Err(TransportError::Remote { .. })) {
+        // Only a connection that completed a whole exchange is known to be in step (and not
+        // one whose frame the worker rejected: it closes the connection after saying so).
+        if crate::transport::reusable(&result) {
             let mut idle = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < self.shared.max_idle {
                 idle.push(stream);
@@ -335,7 +337,9 @@ impl ShortCircuit {
         let mut head = [0u8; RESPONSE_HEADER_LEN];
         read_exact_with_fds(stream, &mut head, &mut fds).await.map_err(io)?;
         let head = ResponseHeader::decode(&head).map_err(|e| protocol(e.to_string()))?;
-        if head.req_id != req.req_id {
+        // A rejected frame is answered under request id 0 (the worker could not read ours).
+        let rejected = head.req_id == 0 && head.status == Err(ErrorKind::BadFrame);
+        if head.req_id != req.req_id && !rejected {
             return Err(protocol(format!("response to request {} for request {}", head.req_id, req.req_id)));
         }
         match head.status {

@@ -1,11 +1,11 @@
 //! The data-plane transport seam. [`TcpTransport`] speaks the framed protocol of
 //! `strata_common::frame` over pooled connections; [`UnixTransport`] speaks the same frames to
-//! a sidecar worker's Unix socket; [`FaultyTransport`] wraps any transport and fails on demand,
-//! for tests.
+//! a sidecar worker's Unix socket. With the `testing` feature, `FaultyTransport` wraps any
+//! transport and fails on demand, for tests.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -66,6 +66,9 @@ pub trait Transport: Send + Sync + 'static {
         Ok(source)
     }
 }
+
+/// The request id of a worker's answer to a frame it could not parse.
+const REJECTED_REQ_ID: u64 = 0;
 
 /// Where a response's payload goes: a new buffer, or the caller's.
 pub(crate) enum Sink<'a> {
@@ -168,7 +171,9 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Reads the response to request `req_id`: a success must carry `expected` payload bytes,
 /// which land in `sink` (`None` returned for `Sink::Into`); an error frame becomes
-/// [`TransportError::Remote`].
+/// [`TransportError::Remote`] with the kind it carries. An error frame for request 0 answers
+/// this request too: a worker that cannot parse a frame never learns its id and rejects it as
+/// `BadFrame` under id 0 (client ids start at 1).
 pub(crate) async fn read_response<S: AsyncRead + Unpin>(
     stream: &mut S,
     addr: &str,
@@ -185,7 +190,8 @@ pub(crate) async fn read_response<S: AsyncRead + Unpin>(
         Ok(_) => expected,
         Err(_) => head.payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64),
     };
-    if head.req_id != req_id || head.payload_len != want {
+    let ours = head.req_id == req_id || (head.req_id == REJECTED_REQ_ID && head.status.is_err());
+    if !ours || head.payload_len != want {
         return Err(protocol(format!(
             "response {}/{} bytes for request {req_id}/{expected}",
             head.req_id, head.payload_len
@@ -249,9 +255,14 @@ async fn pooled_call<P: Pool>(
 }
 
 /// Whether a connection can be reused after an exchange ended with `result`: only one that
-/// completed a whole exchange is known to be in sync.
+/// completed a whole exchange is known to be in sync, and not one whose frame the worker
+/// rejected as bad (it closes the connection after saying so).
 pub(crate) fn reusable<T>(result: &Result<T, TransportError>) -> bool {
-    matches!(result, Ok(_) | Err(TransportError::Remote { .. }))
+    match result {
+        Ok(_) => true,
+        Err(TransportError::Remote { kind, .. }) => *kind != ErrorKind::BadFrame,
+        Err(_) => false,
+    }
 }
 
 /// The [`Transport`] of a framed [`Pool`].
@@ -360,56 +371,149 @@ pub(crate) async fn connect_unix(path: &str, timeout: Duration) -> Result<UnixSt
         .map_err(|source| TransportError::Connect { addr: path.to_string(), source })
 }
 
-/// Fails reads to chosen workers, for tests of failover.
-pub struct FaultyTransport {
-    inner: Arc<dyn Transport>,
-    /// Reads to these addresses fail as if the connection was refused.
-    pub down: Mutex<Vec<String>>,
-    /// The next N reads (to any address) fail.
-    pub fail_next: AtomicU64,
-}
+#[cfg(any(test, feature = "testing"))]
+pub use faulty::FaultyTransport;
 
-impl FaultyTransport {
-    pub fn new(inner: Arc<dyn Transport>) -> Self {
-        Self { inner, down: Mutex::new(Vec::new()), fail_next: AtomicU64::new(0) }
+/// A test double: built for this crate's tests and, through the `testing` feature, for other
+/// crates' tests, never into a production binary.
+#[cfg(any(test, feature = "testing"))]
+mod faulty {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use strata_common::frame::{ReadBlockRequest, Source};
+
+    use super::{Transport, TransportError};
+
+    /// Fails reads to chosen workers, for tests of failover.
+    pub struct FaultyTransport {
+        inner: Arc<dyn Transport>,
+        /// Reads to these addresses fail as if the connection was refused.
+        pub down: Mutex<Vec<String>>,
+        /// The next N reads (to any address) fail.
+        pub fail_next: AtomicU64,
     }
-}
 
-impl FaultyTransport {
-    /// The injected failure for a read to `addr`, if any.
-    fn check(&self, addr: &str) -> Result<(), TransportError> {
-        let refused = || TransportError::Connect {
-            addr: addr.to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
-        };
-        if self.down.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|a| a == addr) {
-            return Err(refused());
+    impl FaultyTransport {
+        pub fn new(inner: Arc<dyn Transport>) -> Self {
+            Self { inner, down: Mutex::new(Vec::new()), fail_next: AtomicU64::new(0) }
         }
-        if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-            return Err(refused());
+    }
+
+    impl FaultyTransport {
+        /// The injected failure for a read to `addr`, if any.
+        fn check(&self, addr: &str) -> Result<(), TransportError> {
+            let refused = || TransportError::Connect {
+                addr: addr.to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
+            };
+            if self.down.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|a| a == addr) {
+                return Err(refused());
+            }
+            if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                return Err(refused());
+            }
+            Ok(())
         }
-        Ok(())
+    }
+
+    #[async_trait]
+    impl Transport for FaultyTransport {
+        async fn read_block(
+            &self,
+            addr: &str,
+            req: &ReadBlockRequest,
+        ) -> Result<(Bytes, Source), TransportError> {
+            self.check(addr)?;
+            self.inner.read_block(addr, req).await
+        }
+
+        async fn read_block_into(
+            &self,
+            addr: &str,
+            req: &ReadBlockRequest,
+            dst: &mut [u8],
+        ) -> Result<Source, TransportError> {
+            self.check(addr)?;
+            self.inner.read_block_into(addr, req, dst).await
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        struct Ok1;
+
+        #[async_trait]
+        impl Transport for Ok1 {
+            async fn read_block(
+                &self,
+                _: &str,
+                _: &ReadBlockRequest,
+            ) -> Result<(Bytes, Source), TransportError> {
+                Ok((Bytes::from_static(b"x"), Source::Memory))
+            }
+        }
+
+        #[tokio::test]
+        async fn fails_reads_to_down_workers_and_the_next_n() {
+            let faulty = FaultyTransport::new(Arc::new(Ok1));
+            let req = ReadBlockRequest {
+                req_id: 1,
+                path: "/f".into(),
+                version: "v".into(),
+                file_size: 1,
+                block_size: 1,
+                block_index: 0,
+                offset: 0,
+                len: 1,
+            };
+            faulty.down.lock().unwrap().push("down:1".into());
+            faulty.fail_next.store(1, Ordering::SeqCst);
+            assert!(matches!(faulty.read_block("up:1", &req).await, Err(TransportError::Connect { .. })));
+            assert!(faulty.read_block("up:1", &req).await.is_ok(), "only the next one failed");
+            assert!(matches!(faulty.read_block("down:1", &req).await, Err(TransportError::Connect { .. })));
+        }
     }
 }
 
-#[async_trait]
-impl Transport for FaultyTransport {
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-    ) -> Result<(Bytes, Source), TransportError> {
-        self.check(addr)?;
-        self.inner.read_block(addr, req).await
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_frame(req_id: u64, kind: ErrorKind, message: &str) -> Vec<u8> {
+        let head = ResponseHeader { status: Err(kind), req_id, payload_len: message.len() as u64 };
+        [&head.encode()[..], message.as_bytes()].concat()
     }
 
-    async fn read_block_into(
-        &self,
-        addr: &str,
-        req: &ReadBlockRequest,
-        dst: &mut [u8],
-    ) -> Result<Source, TransportError> {
-        self.check(addr)?;
-        self.inner.read_block_into(addr, req, dst).await
+    async fn answer(frame: &[u8], req_id: u64) -> Result<(Option<Bytes>, Source), TransportError> {
+        read_response(&mut &frame[..], "w:1", req_id, 10, Sink::New).await
+    }
+
+    #[tokio::test]
+    async fn every_kind_survives_an_error_frame() {
+        for kind in ErrorKind::ALL {
+            let got = answer(&error_frame(7, kind, "boom"), 7).await;
+            match got {
+                Err(TransportError::Remote { kind: k, message, .. }) => {
+                    assert_eq!((k, message.as_str()), (kind, "boom"));
+                }
+                other => panic!("{kind}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rejected_frame_is_a_bad_frame_and_ends_the_connection() {
+        let got = answer(&error_frame(0, ErrorKind::BadFrame, "unknown op 9"), 7).await;
+        assert!(matches!(got, Err(TransportError::Remote { kind: ErrorKind::BadFrame, .. })), "{got:?}");
+        assert!(!reusable(&got), "the worker closes the connection after a rejection");
+        let other = answer(&error_frame(7, ErrorKind::NotFound, "x"), 7).await;
+        assert!(reusable(&other), "an answered request leaves the connection in sync");
+        let stray = answer(&error_frame(6, ErrorKind::NotFound, "x"), 7).await;
+        assert!(matches!(stray, Err(TransportError::Protocol { .. })), "{stray:?}");
     }
 }

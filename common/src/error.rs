@@ -31,6 +31,20 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, for mappings and tests that must cover them all.
+    pub const ALL: [ErrorKind; 10] = [
+        Self::BadFrame,
+        Self::InvalidArgument,
+        Self::NotFound,
+        Self::VersionChanged,
+        Self::Ufs,
+        Self::Internal,
+        Self::Unavailable,
+        Self::AlreadyExists,
+        Self::IsDirectory,
+        Self::PermissionDenied,
+    ];
+
     /// Whether the same request may succeed if sent again (to this or another server).
     pub fn is_temporary(self) -> bool {
         matches!(self, ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::Internal)
@@ -52,6 +66,10 @@ impl ErrorKind {
         })
     }
 
+    /// The kind's name: a metric label, and how it travels in gRPC metadata ([`from_name`]
+    /// reads it back), so it never changes once released.
+    ///
+    /// [`from_name`]: Self::from_name
     pub fn as_str(self) -> &'static str {
         match self {
             Self::BadFrame => "bad_frame",
@@ -65,6 +83,13 @@ impl ErrorKind {
             Self::IsDirectory => "is_directory",
             Self::PermissionDenied => "permission_denied",
         }
+    }
+}
+
+impl ErrorKind {
+    /// The kind named `name` (as [`as_str`](Self::as_str) spells it), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
     }
 }
 
@@ -87,5 +112,16 @@ mod tests {
         }
         assert_eq!(ErrorKind::from_u8(0), None);
         assert_eq!(ErrorKind::from_u8(4), Some(ErrorKind::VersionChanged));
+    }
+
+    #[test]
+    fn all_lists_every_code_and_names_round_trip() {
+        let by_code: Vec<ErrorKind> = (0..=255u8).filter_map(ErrorKind::from_u8).collect();
+        assert_eq!(by_code, ErrorKind::ALL, "ALL holds every kind, in code order");
+        for kind in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_name("UFS"), None, "names are exact");
+        assert_eq!(ErrorKind::from_name(""), None);
     }
 }

@@ -121,8 +121,6 @@ pub enum FrameError {
     Malformed,
     #[error("field is not valid UTF-8")]
     NotUtf8,
-    #[error("unknown status code {0}")]
-    UnknownStatus(u8),
 }
 
 impl ReadBlockRequest {
@@ -476,7 +474,9 @@ impl ResponseHeader {
         }
         let status = match h[4] {
             0 => Ok(Source::from_u8(h[5]).ok_or(FrameError::Malformed)?),
-            code => Err(ErrorKind::from_u8(code).ok_or(FrameError::UnknownStatus(code))?),
+            // A kind added by a newer worker: still an error answer, with its message, and the
+            // connection stays in step.
+            code => Err(ErrorKind::from_u8(code).unwrap_or(ErrorKind::Internal)),
         };
         Ok(Self {
             status,
@@ -555,6 +555,16 @@ mod tests {
             let h = ResponseHeader { status, req_id: 5, payload_len: 77 };
             assert_eq!(ResponseHeader::decode(&h.encode()).unwrap(), h);
         }
+        let mut newer =
+            ResponseHeader { status: Err(ErrorKind::NotFound), req_id: 5, payload_len: 7 }.encode();
+        newer[4] = 200;
+        let decoded = ResponseHeader::decode(&newer).unwrap();
+        assert_eq!(
+            decoded.status,
+            Err(ErrorKind::Internal),
+            "an unknown kind is an error, not a broken frame"
+        );
+        assert_eq!(decoded.payload_len, 7);
     }
 
     #[test]

@@ -30,3 +30,18 @@ pub const DEFAULT_BLOCK_SIZE: u64 = 4 * 1024 * 1024;
 pub const MAX_BLOCK_SIZE: u64 = 256 * 1024 * 1024;
 /// Default metadata TTL of a mount, in milliseconds.
 pub const DEFAULT_METADATA_TTL_MS: u64 = 10_000;
+/// Port of the master's gRPC endpoint unless configured otherwise.
+pub const DEFAULT_MASTER_PORT: u16 = 19998;
+/// Where clients and workers look for the master unless told otherwise (`--master`,
+/// `STRATA_MASTER`): this host, on [`DEFAULT_MASTER_PORT`].
+pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1:19998";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_master_address_uses_the_default_port() {
+        let addr: std::net::SocketAddr = super::DEFAULT_MASTER_ADDR.parse().unwrap();
+        assert_eq!(addr.port(), super::DEFAULT_MASTER_PORT);
+        assert!(addr.ip().is_loopback());
+    }
+}

@@ -7,28 +7,51 @@ tonic::include_proto!("strata.v1");
 
 pub mod ops_http;
 
-/// Maps an error kind and message to a gRPC status. The kind survives the round trip through
-/// [`kind_of`], so callers keep retryability as data.
+/// gRPC metadata entry that carries a Strata status's exact [`ErrorKind`] (its
+/// [`as_str`](ErrorKind::as_str) name). Several kinds share a status code (`Ufs` and
+/// `Unavailable` are both `UNAVAILABLE`, `BadFrame` and `InvalidArgument` both
+/// `INVALID_ARGUMENT`), so the code alone cannot bring the kind back.
+pub const ERROR_KIND_METADATA: &str = "strata-error-kind";
+
+/// Maps an error kind and message to a gRPC status: the nearest standard code, for clients
+/// that only know gRPC, and the kind itself in [`ERROR_KIND_METADATA`], which [`kind_of`]
+/// reads back exactly.
 pub fn status(kind: ErrorKind, message: impl Into<String>) -> tonic::Status {
+    let mut status = tonic::Status::new(code_of(kind), message);
+    status
+        .metadata_mut()
+        .insert(ERROR_KIND_METADATA, tonic::metadata::MetadataValue::from_static(kind.as_str()));
+    status
+}
+
+/// The error kind of a gRPC status: the one [`status`] put in it, or, for a status from the
+/// transport or a server that does not send the kind, the nearest kind to its code.
+pub fn kind_of(status: &tonic::Status) -> ErrorKind {
+    status
+        .metadata()
+        .get(ERROR_KIND_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ErrorKind::from_name)
+        .unwrap_or_else(|| kind_of_code(status.code()))
+}
+
+fn code_of(kind: ErrorKind) -> tonic::Code {
     use tonic::Code;
-    let code = match kind {
+    match kind {
         ErrorKind::BadFrame | ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::VersionChanged => Code::Aborted,
-        ErrorKind::Ufs => Code::Unavailable,
-        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Ufs | ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::IsDirectory => Code::FailedPrecondition,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         _ => Code::Internal,
-    };
-    tonic::Status::new(code, message)
+    }
 }
 
-/// The error kind of a gRPC status (as produced by [`status`] or by the transport).
-pub fn kind_of(status: &tonic::Status) -> ErrorKind {
+fn kind_of_code(code: tonic::Code) -> ErrorKind {
     use tonic::Code;
-    match status.code() {
+    match code {
         Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
         Code::NotFound => ErrorKind::NotFound,
         Code::Aborted => ErrorKind::VersionChanged,
@@ -49,5 +72,43 @@ impl Tier {
             Tier::Nvme => "nvme",
             Tier::Unspecified => "unspecified",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_survives_a_status() {
+        for kind in ErrorKind::ALL {
+            let status = status(kind, "boom");
+            assert_eq!(kind_of(&status), kind);
+            assert_eq!(status.message(), "boom");
+            // What a server puts on the wire and a client parses back.
+            let mut headers = tonic::codegen::http::HeaderMap::new();
+            status.add_header(&mut headers).unwrap();
+            let parsed = tonic::Status::from_header_map(&headers).expect("a grpc-status header");
+            assert_eq!(kind_of(&parsed), kind, "{headers:?}");
+            assert_eq!(parsed.code(), status.code());
+        }
+    }
+
+    #[test]
+    fn a_status_without_the_kind_falls_back_to_its_code() {
+        use tonic::Code;
+        for (code, kind) in [
+            (Code::Unavailable, ErrorKind::Unavailable),
+            (Code::DeadlineExceeded, ErrorKind::Unavailable),
+            (Code::InvalidArgument, ErrorKind::InvalidArgument),
+            (Code::NotFound, ErrorKind::NotFound),
+            (Code::Aborted, ErrorKind::VersionChanged),
+            (Code::Unknown, ErrorKind::Internal),
+        ] {
+            assert_eq!(kind_of(&tonic::Status::new(code, "x")), kind, "{code:?}");
+        }
+        let mut unknown = tonic::Status::new(Code::NotFound, "from a newer server");
+        unknown.metadata_mut().insert(ERROR_KIND_METADATA, "quota_exceeded".parse().unwrap());
+        assert_eq!(kind_of(&unknown), ErrorKind::NotFound, "an unknown kind name falls back to the code");
     }
 }

@@ -35,15 +35,18 @@ const GET_WINDOW: u64 = 64 << 20;
 /// Chunk `put_file` reads from the local file.
 const PUT_CHUNK: usize = 8 << 20;
 
+/// The Python exception for an error, chosen by its kind (so a kind added later gets a
+/// sensible builtin type: `OSError`).
 fn to_py(e: ClientError) -> PyErr {
+    use strata_common::ErrorKind as K;
     let msg = e.to_string();
-    match e {
-        ClientError::NotFound(_) => PyFileNotFoundError::new_err(msg),
-        ClientError::IsDirectory(_) => PyIsADirectoryError::new_err(msg),
-        ClientError::PermissionDenied(_) => PyPermissionError::new_err(msg),
-        ClientError::InvalidArgument(_) => PyValueError::new_err(msg),
-        ClientError::AlreadyExists(_) => PyFileExistsError::new_err(msg),
-        ClientError::MasterUnavailable(_) | ClientError::Unavailable(_) => PyConnectionError::new_err(msg),
+    match e.kind() {
+        K::NotFound => PyFileNotFoundError::new_err(msg),
+        K::IsDirectory => PyIsADirectoryError::new_err(msg),
+        K::PermissionDenied => PyPermissionError::new_err(msg),
+        K::InvalidArgument => PyValueError::new_err(msg),
+        K::AlreadyExists => PyFileExistsError::new_err(msg),
+        K::Unavailable => PyConnectionError::new_err(msg),
         _ => PyOSError::new_err(msg),
     }
 }
@@ -737,5 +740,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Writer>()?;
     m.add_function(wrap_pyfunction!(runtime_generation, m)?)?;
     m.add_function(wrap_pyfunction!(runtime_running, m)?)?;
+    // The CLI's default too: one constant, so the two cannot drift apart.
+    m.add("DEFAULT_MASTER", strata_common::DEFAULT_MASTER_ADDR)?;
     process::register(m)
 }

@@ -21,7 +21,7 @@ from . import _native
 
 __all__ = ["StrataFileSystem", "StrataReadFile", "StrataWriteFile"]
 
-DEFAULT_MASTER = "127.0.0.1:19998"
+DEFAULT_MASTER: str = _native.DEFAULT_MASTER
 
 
 class StrataFileSystem(AbstractFileSystem):

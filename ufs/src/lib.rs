@@ -2,12 +2,13 @@
 //! has goes through the [`Ufs`] trait.
 //!
 //! [`OpendalUfs`] is the real implementation (every opendal service Strata enables); the
-//! wrappers in [`testing`] count and inject faults for tests. A mount's URI and options become
-//! a `Ufs` through a [`UfsFactory`], so tests can hand the master and workers a counting or
-//! failing UFS without touching their code.
+//! wrappers in `testing` (feature `testing`, for other crates' tests) count and inject faults.
+//! A mount's URI and options become a `Ufs` through a [`UfsFactory`], so tests can hand the
+//! master and workers a counting or failing UFS without touching their code.
 
 mod opendal_ufs;
 mod spec;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod write;
 

@@ -1,4 +1,7 @@
 //! Wrappers for tests: count what reaches the UFS, and make it fail or stall on demand.
+//!
+//! Built only for tests (this crate's, and other crates' through the `testing` feature), so no
+//! production binary carries a UFS that can be told to fail.
 
 use std::collections::BTreeMap;
 use std::ops::Range;

@@ -1,0 +1,168 @@
+//! Every error kind a server sends reaches the caller as that kind: from the master over real
+//! gRPC (a tonic server), and from a worker in a data-plane error frame, through the client's
+//! retries and failover.
+
+use std::net::SocketAddr;
+
+use strata_client::{Client, ClientConfig, ClientError};
+use strata_common::ErrorKind;
+use strata_common::frame::{REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, decode_request_header};
+use strata_proto::master_server::{Master, MasterServer};
+use strata_proto::{
+    AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, DeleteRequest, Empty,
+    FetchLoadTasksRequest, FileStatus, HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId,
+    JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks, Member, Membership,
+    MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest,
+    ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest,
+    StatRequest, SubmitLoadRequest, WorkerMountsRequest,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::{Request, Response, Status};
+
+/// A master whose `stat` of `/master/<kind>` fails with that kind, and of `/worker/<kind>` finds
+/// a small file that the one worker, at `worker`, fails to read with that kind.
+struct FakeMaster {
+    worker: SocketAddr,
+}
+
+/// The kind a fake server fails a path with: its last component names it.
+fn kind_in(path: &str) -> ErrorKind {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    ErrorKind::from_name(name).unwrap_or_else(|| panic!("{path} names no error kind"))
+}
+
+macro_rules! fake_master {
+    ($($rpc:ident($req:ident) -> $resp:ident;)*) => {
+        #[async_trait::async_trait]
+        impl Master for FakeMaster {
+            async fn get_membership(&self, _: Request<Empty>) -> Result<Response<Membership>, Status> {
+                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string() };
+                Ok(Response::new(Membership { epoch: 1, workers: vec![worker] }))
+            }
+
+            async fn list_mounts(&self, _: Request<Empty>) -> Result<Response<MountList>, Status> {
+                Ok(Response::new(MountList::default()))
+            }
+
+            async fn stat(&self, req: Request<StatRequest>) -> Result<Response<FileStatus>, Status> {
+                let path = req.into_inner().path;
+                if path.starts_with("/master/") {
+                    return Err(strata_proto::status(kind_in(&path), format!("{path}: refused")));
+                }
+                Ok(Response::new(FileStatus {
+                    file_id: path.clone(),
+                    path,
+                    size: 100,
+                    version: "v1".into(),
+                    block_size: 4096,
+                    ..FileStatus::default()
+                }))
+            }
+
+            $(
+                async fn $rpc(&self, _: Request<$req>) -> Result<Response<$resp>, Status> {
+                    Err(Status::unimplemented(stringify!($rpc)))
+                }
+            )*
+        }
+    };
+}
+
+fake_master! {
+    add_mount(AddMountRequest) -> MountInfo;
+    remove_mount(RemoveMountRequest) -> Empty;
+    list(ListRequest) -> ListResponse;
+    get_block_locations(BlockLocationsRequest) -> BlockLocations;
+    status(Empty) -> ClusterStatus;
+    delete(DeleteRequest) -> Empty;
+    mkdir(MkdirRequest) -> Empty;
+    invalidate(InvalidateRequest) -> Empty;
+    register_worker(RegisterWorkerRequest) -> RegisterWorkerResponse;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+    worker_mounts(WorkerMountsRequest) -> MountList;
+    submit_load(SubmitLoadRequest) -> JobInfo;
+    get_job(JobId) -> JobInfo;
+    list_jobs(ListJobsRequest) -> JobList;
+    cancel_job(JobId) -> JobInfo;
+    add_schedule(ScheduleRequest) -> ScheduleInfo;
+    list_schedules(Empty) -> ScheduleList;
+    remove_schedule(ScheduleId) -> Empty;
+    fetch_load_tasks(FetchLoadTasksRequest) -> LoadTasks;
+    report_load_tasks(ReportLoadTasksRequest) -> ReportLoadTasksResponse;
+}
+
+/// Answers every block read with an error frame of the kind its path names. A `BadFrame` is
+/// answered as a real worker rejects a frame it cannot parse: under request id 0, and the
+/// connection closed.
+async fn fake_worker(listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { return };
+        tokio::spawn(serve(stream));
+    }
+}
+
+async fn serve(mut stream: TcpStream) -> std::io::Result<()> {
+    loop {
+        let mut head = [0u8; REQUEST_HEADER_LEN];
+        stream.read_exact(&mut head).await?;
+        let (_, body_len) = decode_request_header(&head).expect("a request header");
+        let mut body = vec![0u8; body_len];
+        stream.read_exact(&mut body).await?;
+        let req = ReadBlockRequest::decode_body(&body).expect("a read request");
+        let kind = kind_in(&req.path);
+        let message = format!("{} failed", req.path);
+        let req_id = if kind == ErrorKind::BadFrame { 0 } else { req.req_id };
+        let head = ResponseHeader { status: Err(kind), req_id, payload_len: message.len() as u64 };
+        stream.write_all(&head.encode()).await?;
+        stream.write_all(message.as_bytes()).await?;
+        if kind == ErrorKind::BadFrame {
+            return stream.shutdown().await;
+        }
+    }
+}
+
+async fn client() -> Client {
+    let worker = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let fake = FakeMaster { worker: worker.local_addr().unwrap() };
+    tokio::spawn(fake_worker(worker));
+    let incoming = tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let master = incoming.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(MasterServer::new(fake))
+            .serve_with_incoming(incoming),
+    );
+    let mut config = ClientConfig::new(master.to_string());
+    config.sidecar_socket = None;
+    config.short_circuit = false;
+    Client::connect(config).await.expect("the fake master answers")
+}
+
+#[tokio::test]
+async fn every_kind_the_master_sends_reaches_the_caller() {
+    let client = client().await;
+    for kind in ErrorKind::ALL {
+        let e = client.stat(&format!("/master/{kind}")).await.expect_err("the master fails it");
+        assert_eq!(e.kind(), kind, "{e}");
+        assert_eq!(e.is_temporary(), kind.is_temporary(), "{e}");
+        assert!(e.to_string().contains(&format!("/master/{kind}: refused")), "{e}");
+    }
+    let e = client.stat("/master/ufs").await.unwrap_err();
+    assert!(!matches!(e, ClientError::MasterUnavailable(_)), "a UFS failure is not a master outage: {e}");
+}
+
+#[tokio::test]
+async fn every_kind_a_worker_sends_reaches_the_caller() {
+    let client = client().await;
+    for kind in ErrorKind::ALL {
+        let path = format!("/worker/{kind}");
+        let e = client.read_range(&path, 0, 100).await.expect_err("the worker fails it");
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.to_string().contains(&format!("{path} failed")), "{e}");
+        let mut buf = [0u8; 100];
+        let info = client.stat(&path).await.unwrap();
+        let e = client.read_into(&info, 0, &mut buf).await.expect_err("the worker fails it");
+        assert_eq!(e.kind(), kind, "read_into: {e}");
+    }
+}
