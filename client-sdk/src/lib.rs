@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use strata_common::frame::ReadBlockRequest;
 use strata_common::ring::DEFAULT_VNODES;
-use strata_common::{BlockKey, BlockSlice, Member, Ring, block_slices, path};
+use strata_common::{BlockKey, BlockSlice, Member, Ring, SharedClock, block_slices, path};
 use strata_proto::master_client::MasterClient;
 use strata_proto::{
     AddMountRequest, ClusterStatus, Empty, ListRequest, MountInfo, RemoveMountRequest, StatRequest,
@@ -92,6 +92,9 @@ pub struct ClientConfig {
     /// Read workers through RDMA grants ([`RdmaTransport`]) instead of plain TCP. Default
     /// [`RdmaMode::Off`]; any RDMA failure falls back to TCP for that read.
     pub rdma: RdmaMode,
+    /// Decides metadata TTLs, the membership refresh and how long short-circuit mappings are
+    /// kept. Default the machine's clock; tests inject a `ManualClock` instead of sleeping.
+    pub clock: SharedClock,
 }
 
 /// The defaults, for the master at [`strata_common::DEFAULT_MASTER_ADDR`] (this host).
@@ -115,6 +118,7 @@ impl ClientConfig {
             short_circuit: shortcircuit::enabled_by_env(),
             short_circuit_cache_bytes: 1 << 30,
             rdma: RdmaMode::Off,
+            clock: strata_common::clock::system(),
         }
     }
 }
@@ -157,13 +161,8 @@ struct View {
 }
 
 impl View {
-    fn empty() -> Self {
-        Self {
-            ring: Ring::default(),
-            last_members: Ring::default(),
-            mounts: Vec::new(),
-            fetched: Instant::now(),
-        }
+    fn empty(now: Instant) -> Self {
+        Self { ring: Ring::default(), last_members: Ring::default(), mounts: Vec::new(), fetched: now }
     }
 }
 
@@ -202,7 +201,8 @@ impl Client {
                 error_chain(&e)
             ))
         })?;
-        let client = Self::assemble(config, transport, channel, View::empty(), HashMap::new());
+        let view = View::empty(config.clock.now());
+        let client = Self::assemble(config, transport, channel, view, HashMap::new());
         client.refresh_view().await?;
         Ok(client)
     }
@@ -239,6 +239,7 @@ impl Client {
                 config.connect_timeout,
                 config.request_timeout,
                 config.short_circuit_cache_bytes,
+                config.clock.clone(),
             )
         });
         Self {
@@ -288,13 +289,14 @@ impl Client {
         }
         view.ring = ring;
         view.mounts = mounts.mounts;
-        view.fetched = Instant::now();
+        view.fetched = self.inner.config.clock.now();
         drop(view);
         Ok(())
     }
 
     async fn fresh_view(&self) -> Result<()> {
-        let stale = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).fetched.elapsed()
+        let fetched = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).fetched;
+        let stale = self.inner.config.clock.now().saturating_duration_since(fetched)
             > self.inner.config.membership_refresh;
         if stale && let Err(e) = self.refresh_view().await {
             // Cached reads go on while the master restarts: keep the last view.
@@ -323,7 +325,7 @@ impl Client {
         if !sync {
             let ttl = self.ttl_for(&p);
             if let Some((at, info)) = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).get(&p)
-                && at.elapsed() < ttl
+                && self.inner.config.clock.now().saturating_duration_since(*at) < ttl
             {
                 return Ok(info.clone());
             }
@@ -335,7 +337,8 @@ impl Client {
             .map_err(|s| self.status_err(s))?
             .into_inner();
         let info = FileInfo::from(status);
-        self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).insert(p, (Instant::now(), info.clone()));
+        let now = self.inner.config.clock.now();
+        self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).insert(p, (now, info.clone()));
         Ok(info)
     }
 

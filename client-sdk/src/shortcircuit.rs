@@ -24,12 +24,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strata_common::ErrorKind;
 use strata_common::fdpass::read_exact_with_fds;
 use strata_common::frame::{
     BlockGrant, GrantHandle, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, RESPONSE_HEADER_LEN,
     ReadBlockRequest, ResponseHeader,
 };
+use strata_common::{ErrorKind, SharedClock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -134,12 +134,12 @@ struct MapCache {
 }
 
 impl MapCache {
-    /// The kept block, unless its time is up (then it is dropped: its lease goes back).
-    fn get(&mut self, key: &BlockId, dropped: &mut Vec<Bytes>) -> Option<Bytes> {
+    /// The kept block, unless its time is up at `now` (then it is dropped: its lease goes back).
+    fn get(&mut self, key: &BlockId, now: Instant, dropped: &mut Vec<Bytes>) -> Option<Bytes> {
         self.tick += 1;
         let tick = self.tick;
         let (bytes, until, used) = self.blocks.get_mut(key)?;
-        if Instant::now() < *until {
+        if now < *until {
             *used = tick;
             return Some(bytes.clone());
         }
@@ -149,8 +149,15 @@ impl MapCache {
 
     /// Keeps `bytes` (or returns what a concurrent read kept first), evicting the expired and
     /// then the least recently used to stay under the limit.
-    fn insert(&mut self, key: BlockId, bytes: Bytes, until: Instant, dropped: &mut Vec<Bytes>) -> Bytes {
-        if let Some(kept) = self.get(&key, dropped) {
+    fn insert(
+        &mut self,
+        key: BlockId,
+        bytes: Bytes,
+        until: Instant,
+        now: Instant,
+        dropped: &mut Vec<Bytes>,
+    ) -> Bytes {
+        if let Some(kept) = self.get(&key, now, dropped) {
             dropped.push(bytes);
             return kept;
         }
@@ -158,7 +165,6 @@ impl MapCache {
         if len > self.limit {
             return bytes;
         }
-        let now = Instant::now();
         let expired: Vec<_> =
             self.blocks.iter().filter(|(_, v)| v.1 <= now).map(|(k, _)| k.clone()).collect();
         for k in expired {
@@ -192,6 +198,7 @@ pub(crate) struct ShortCircuit {
     request_timeout: Duration,
     next_req_id: AtomicU64,
     backoff_until: Mutex<Option<Instant>>,
+    clock: SharedClock,
 }
 
 impl ShortCircuit {
@@ -200,6 +207,7 @@ impl ShortCircuit {
         connect_timeout: Duration,
         request_timeout: Duration,
         cache_bytes: u64,
+        clock: SharedClock,
     ) -> Self {
         Self {
             socket,
@@ -213,6 +221,7 @@ impl ShortCircuit {
             request_timeout,
             next_req_id: AtomicU64::new(1),
             backoff_until: Mutex::new(None),
+            clock,
         }
     }
 
@@ -220,7 +229,7 @@ impl ShortCircuit {
     pub(crate) fn backing_off(&self) -> bool {
         let mut until = self.backoff_until.lock().unwrap_or_else(|p| p.into_inner());
         match *until {
-            Some(t) if Instant::now() < t => true,
+            Some(t) if self.clock.now() < t => true,
             Some(_) => {
                 *until = None;
                 false
@@ -243,7 +252,7 @@ impl ShortCircuit {
         let key = (req.path.clone(), req.version.clone(), req.block_size, req.block_index);
         // Mappings are dropped (and their leases released) outside the lock.
         let mut dropped = Vec::new();
-        let kept = self.cache().get(&key, &mut dropped);
+        let kept = self.cache().get(&key, self.clock.now(), &mut dropped);
         drop(dropped);
         if let Some(whole) = kept
             && end <= whole.len()
@@ -262,8 +271,8 @@ impl ShortCircuit {
         }
         let mut dropped = Vec::new();
         // Half the lease: the worker's pin always outlives our use, whatever the clocks do.
-        let until = Instant::now() + (ttl / 2).min(MAX_KEEP);
-        let whole = self.cache().insert(key, whole, until, &mut dropped);
+        let until = self.clock.now() + (ttl / 2).min(MAX_KEEP);
+        let whole = self.cache().insert(key, whole, until, self.clock.now(), &mut dropped);
         drop(dropped);
         Ok(whole.slice(start..end))
     }
@@ -282,7 +291,7 @@ impl ShortCircuit {
                 };
                 if repeats {
                     *self.backoff_until.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(Instant::now() + BACKOFF);
+                        Some(self.clock.now() + BACKOFF);
                 }
             }
         }
@@ -493,23 +502,24 @@ mod tests {
     fn the_mapping_cache_keeps_its_limit_and_never_serves_an_expired_block() {
         let mut cache = MapCache { limit: 100, used: 0, tick: 0, blocks: HashMap::new() };
         let key = |i: u64| ("/p".to_string(), "v".to_string(), 64, i);
-        let later = Instant::now() + Duration::from_secs(60);
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
         let mut dropped = Vec::new();
-        cache.insert(key(1), Bytes::from(vec![1u8; 40]), later, &mut dropped);
-        cache.insert(key(2), Bytes::from(vec![2u8; 40]), later, &mut dropped);
-        assert_eq!(cache.get(&key(1), &mut dropped).unwrap()[0], 1);
-        cache.insert(key(3), Bytes::from(vec![3u8; 40]), later, &mut dropped);
+        cache.insert(key(1), Bytes::from(vec![1u8; 40]), later, now, &mut dropped);
+        cache.insert(key(2), Bytes::from(vec![2u8; 40]), later, now, &mut dropped);
+        assert_eq!(cache.get(&key(1), now, &mut dropped).unwrap()[0], 1);
+        cache.insert(key(3), Bytes::from(vec![3u8; 40]), later, now, &mut dropped);
         assert_eq!(cache.used, 80);
         assert_eq!(dropped.len(), 1, "the least recently used block went");
-        assert!(cache.get(&key(2), &mut dropped).is_none());
+        assert!(cache.get(&key(2), now, &mut dropped).is_none());
         // A concurrent second mapping of a kept block is dropped; the first one is served.
-        let kept = cache.insert(key(1), Bytes::from(vec![9u8; 40]), later, &mut dropped);
+        let kept = cache.insert(key(1), Bytes::from(vec![9u8; 40]), later, now, &mut dropped);
         assert_eq!(kept[0], 1);
         // Past its time a block is not served, and is let go.
-        let past = Instant::now();
-        cache.insert(key(4), Bytes::from(vec![4u8; 10]), past, &mut dropped);
+        let past = now;
+        cache.insert(key(4), Bytes::from(vec![4u8; 10]), past, now, &mut dropped);
         let before = dropped.len();
-        assert!(cache.get(&key(4), &mut dropped).is_none());
+        assert!(cache.get(&key(4), now, &mut dropped).is_none());
         assert_eq!(dropped.len(), before + 1);
         assert_eq!(cache.used, 80);
     }

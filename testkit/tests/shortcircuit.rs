@@ -143,8 +143,16 @@ async fn kept_whole_block_mappings_serve_later_reads_until_half_their_lease() {
     let data = pattern(size, 13);
     cluster.write_file("sc/kept.bin", &data);
     let tmp = tempfile::tempdir().unwrap();
-    let sidecar = start_sidecar(&cluster, tmp.path(), |c| c.short_circuit_lease_ms = 600).await;
-    let client = client_with_cache(&cluster, &sidecar.socket_path, true, 64 << 20).await;
+    // One clock for the sidecar's leases and the client's kept mappings, advanced by the test.
+    let clock = strata_common::clock::ManualClock::new();
+    let sidecar =
+        start_sidecar_with_clock(&cluster, tmp.path(), |c| c.short_circuit_lease_ms = 600, clock.clone())
+            .await;
+    let mut config: ClientConfig = cluster.client_config();
+    config.sidecar_socket = Some(sidecar.socket_path.clone());
+    config.short_circuit_cache_bytes = 64 << 20;
+    config.clock = clock.clone();
+    let client = Client::connect(config).await.expect("client connects");
     let sc = sidecar.grants.fd();
 
     for (offset, len) in [(0, 10), (5000, 100_000), (MIB - 1, 1), (7, MIB - 7)] {
@@ -160,7 +168,7 @@ async fn kept_whole_block_mappings_serve_later_reads_until_half_their_lease() {
 
     // Past half the lease a kept mapping is not used: the block is granted again, and the
     // expired mappings are let go with their leases.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    clock.advance(Duration::from_millis(400));
     let again = client.read_range("/data/sc/kept.bin", 123, 456).await.unwrap();
     assert!(again[..] == data[123..579]);
     let deadline = Instant::now() + Duration::from_secs(20);
