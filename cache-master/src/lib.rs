@@ -7,6 +7,7 @@ pub mod jobs;
 mod membership;
 pub mod metrics_defs;
 pub mod mounts;
+mod reports;
 pub mod schedule;
 mod service;
 pub mod store;

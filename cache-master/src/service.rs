@@ -17,7 +17,7 @@ use strata_proto::{
     JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks, MkdirRequest, MountInfo,
     MountList, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, Replica,
     ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest,
-    StatRequest, SubmitLoadRequest, WorkerCounters, WorkerMountsRequest, WorkerStatus,
+    StatRequest, SubmitLoadRequest, WorkerMountsRequest, WorkerStatus,
 };
 use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory, redact_options};
 use thiserror::Error;
@@ -30,13 +30,17 @@ use tracing::{info, warn};
 
 use crate::blockmap::BlockMap;
 use crate::config::MasterConfig;
-use crate::jobs::{Jobs, LoadSettings};
+use crate::jobs::{
+    JobInfo as Job, Jobs, LoadSettings, LoadTask as Task, LoadTaskResult as TaskResult, Phase,
+};
 use crate::membership::Membership;
 use crate::metrics_defs as m;
 use crate::mounts::{Mount, MountError, MountRecord, MountTable};
-use crate::schedule::Schedules;
+use crate::reports::{
+    BlockReport as Report, Tier as OwnTier, TierUsage as Usage, WorkerCounters as Counters,
+};
+use crate::schedule::{ScheduleRecord, Schedules};
 use crate::store::{MetaStore, RedbStore, StoreError};
-use crate::warmup::schedule_info;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -246,6 +250,173 @@ impl State {
     }
 }
 
+// ---- own types <-> protobuf ----
+
+fn tier(t: i32) -> OwnTier {
+    match strata_proto::Tier::try_from(t) {
+        Ok(strata_proto::Tier::Memory) => OwnTier::Memory,
+        Ok(strata_proto::Tier::Nvme) => OwnTier::Nvme,
+        _ => OwnTier::Unspecified,
+    }
+}
+
+fn proto_tier(t: OwnTier) -> strata_proto::Tier {
+    match t {
+        OwnTier::Unspecified => strata_proto::Tier::Unspecified,
+        OwnTier::Memory => strata_proto::Tier::Memory,
+        OwnTier::Nvme => strata_proto::Tier::Nvme,
+    }
+}
+
+fn tier_usage(u: &strata_proto::TierUsage) -> Usage {
+    Usage { tier: tier(u.tier), capacity_bytes: u.capacity_bytes, used_bytes: u.used_bytes, blocks: u.blocks }
+}
+
+fn proto_tier_usage(u: &Usage) -> strata_proto::TierUsage {
+    strata_proto::TierUsage {
+        tier: proto_tier(u.tier) as i32,
+        capacity_bytes: u.capacity_bytes,
+        used_bytes: u.used_bytes,
+        blocks: u.blocks,
+    }
+}
+
+fn counters(c: &strata_proto::WorkerCounters) -> Counters {
+    Counters {
+        cache_hits: c.cache_hits,
+        cache_misses: c.cache_misses,
+        ufs_reads: c.ufs_reads,
+        ufs_bytes_read: c.ufs_bytes_read,
+        bytes_served: c.bytes_served,
+        corrupt_blocks: c.corrupt_blocks,
+    }
+}
+
+fn proto_counters(c: &Counters) -> strata_proto::WorkerCounters {
+    strata_proto::WorkerCounters {
+        cache_hits: c.cache_hits,
+        cache_misses: c.cache_misses,
+        ufs_reads: c.ufs_reads,
+        ufs_bytes_read: c.ufs_bytes_read,
+        bytes_served: c.bytes_served,
+        corrupt_blocks: c.corrupt_blocks,
+    }
+}
+
+fn block_report(r: &strata_proto::BlockReport) -> Report {
+    Report { file_id: r.file_id.clone(), version: r.version.clone(), index: r.index, tier: tier(r.tier) }
+}
+
+fn load_settings(o: strata_proto::LoadOptions) -> LoadSettings {
+    LoadSettings {
+        replicas: o.replicas.max(1),
+        bandwidth: o.bandwidth,
+        parallelism: o.parallelism,
+        include: o.include,
+        exclude: o.exclude,
+        skip_cached: o.skip_cached,
+        verify: o.verify,
+        sync: o.sync,
+        dry_run: o.dry_run,
+        metadata_only: o.metadata_only,
+    }
+}
+
+fn load_options(s: &LoadSettings) -> strata_proto::LoadOptions {
+    strata_proto::LoadOptions {
+        replicas: s.replicas,
+        bandwidth: s.bandwidth,
+        parallelism: s.parallelism,
+        include: s.include.clone(),
+        exclude: s.exclude.clone(),
+        skip_cached: s.skip_cached,
+        verify: s.verify,
+        sync: s.sync,
+        dry_run: s.dry_run,
+        metadata_only: s.metadata_only,
+    }
+}
+
+fn job_state(p: Phase) -> strata_proto::JobState {
+    match p {
+        Phase::Running => strata_proto::JobState::Running,
+        Phase::Succeeded => strata_proto::JobState::Succeeded,
+        Phase::Failed => strata_proto::JobState::Failed,
+        Phase::Cancelled => strata_proto::JobState::Cancelled,
+    }
+}
+
+fn job_info(j: Job) -> strata_proto::JobInfo {
+    let p = j.progress;
+    strata_proto::JobInfo {
+        id: j.id,
+        path: j.path,
+        options: Some(load_options(&j.settings)),
+        state: job_state(j.phase) as i32,
+        pass: j.pass,
+        listing_done: j.listing_done,
+        files_total: p.files_total,
+        files_done: p.files_done,
+        bytes_total: p.bytes_total,
+        bytes_done: p.bytes_done,
+        blocks_total: p.blocks_total,
+        blocks_done: p.blocks_done,
+        blocks_already_cached: p.blocks_already_cached,
+        blocks_verify_loaded: p.blocks_verify_loaded,
+        files_failed: p.files_failed,
+        failures: j
+            .failures
+            .into_iter()
+            .map(|f| strata_proto::FileFailure { path: f.path, reason: f.reason })
+            .collect(),
+        created_ms: j.created_ms,
+        finished_ms: j.finished_ms,
+        schedule_id: j.schedule_id,
+        resumed: j.resumed,
+        task_retries: p.task_retries,
+    }
+}
+
+fn load_task(t: Task) -> strata_proto::LoadTask {
+    strata_proto::LoadTask {
+        task_id: t.task_id,
+        job_id: t.job_id,
+        path: t.path,
+        version: t.version,
+        file_size: t.file_size,
+        block_size: t.block_size,
+        index: t.index,
+        bandwidth: t.bandwidth,
+        parallelism: t.parallelism,
+    }
+}
+
+fn load_task_result(r: &strata_proto::LoadTaskResult) -> TaskResult {
+    TaskResult {
+        task_id: r.task_id,
+        job_id: r.job_id.clone(),
+        ok: r.ok,
+        already_cached: r.already_cached,
+        error: r.error.clone(),
+        temporary: r.temporary,
+    }
+}
+
+pub(crate) fn schedule_info(r: &ScheduleRecord) -> strata_proto::ScheduleInfo {
+    strata_proto::ScheduleInfo {
+        id: r.id.clone(),
+        cron: r.cron.clone(),
+        tz: r.tz.clone(),
+        path: r.path.clone(),
+        options: Some(load_options(&r.settings)),
+        next_fire_ms: r.next_fire_ms,
+        last_job_id: r.last_job_id.clone(),
+        fired: r.fired,
+        skipped: r.skipped,
+        created_ms: r.created_ms,
+    }
+}
+
 #[derive(Clone)]
 struct Rpc(Arc<State>);
 
@@ -437,7 +608,7 @@ impl MasterRpc for Rpc {
                     .map(|(worker_id, tier)| Replica {
                         data_addr: addrs.get(&worker_id).cloned().unwrap_or_default(),
                         worker_id,
-                        tier: tier as i32,
+                        tier: proto_tier(tier) as i32,
                     })
                     .collect(),
             })
@@ -450,25 +621,19 @@ impl MasterRpc for Rpc {
         let mem = lock(&self.0.membership);
         let blocks = lock(&self.0.blocks);
         let now = Instant::now();
-        let mut totals = WorkerCounters::default();
+        let mut totals = Counters::default();
         let workers: Vec<WorkerStatus> = mem
             .workers()
             .map(|w| {
-                let c = &w.counters;
-                totals.cache_hits += c.cache_hits;
-                totals.cache_misses += c.cache_misses;
-                totals.ufs_reads += c.ufs_reads;
-                totals.ufs_bytes_read += c.ufs_bytes_read;
-                totals.bytes_served += c.bytes_served;
-                totals.corrupt_blocks += c.corrupt_blocks;
+                totals.add(&w.counters);
                 WorkerStatus {
                     id: w.id.clone(),
                     data_addr: w.data_addr.clone(),
                     http_addr: w.http_addr.clone(),
                     live: w.live,
                     last_heartbeat_ms_ago: now.saturating_duration_since(w.last_heartbeat).as_millis() as u64,
-                    tiers: w.tiers.clone(),
-                    counters: Some(*c),
+                    tiers: w.tiers.iter().map(proto_tier_usage).collect(),
+                    counters: Some(proto_counters(&w.counters)),
                     blocks: blocks.worker_blocks(&w.id),
                 }
             })
@@ -476,7 +641,7 @@ impl MasterRpc for Rpc {
         Ok(Response::new(ClusterStatus {
             membership_epoch: mem.epoch(),
             workers,
-            totals: Some(totals),
+            totals: Some(proto_counters(&totals)),
             blocks: blocks.total_blocks(),
             mounts: self.0.mounts.read().unwrap_or_else(|p| p.into_inner()).len() as u64,
         }))
@@ -520,7 +685,8 @@ impl MasterRpc for Rpc {
                 mounts_epoch,
             }));
         }
-        mem.update_stats(&req.worker_id, req.tiers, req.counters.unwrap_or_default());
+        let tiers = req.tiers.iter().map(tier_usage).collect();
+        mem.update_stats(&req.worker_id, tiers, req.counters.as_ref().map(counters).unwrap_or_default());
         let epoch = mem.epoch();
         drop(mem);
         let mut blocks = lock(&self.0.blocks);
@@ -528,10 +694,10 @@ impl MasterRpc for Rpc {
             blocks.drop_worker(&req.worker_id);
         }
         for r in &req.added {
-            blocks.add(&req.worker_id, r);
+            blocks.add(&req.worker_id, &block_report(r));
         }
         for r in &req.removed {
-            blocks.remove(&req.worker_id, r);
+            blocks.remove(&req.worker_id, &block_report(r));
         }
         metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
         Ok(Response::new(HeartbeatResponse { reregister: false, membership_epoch: epoch, mounts_epoch }))
@@ -546,8 +712,8 @@ impl MasterRpc for Rpc {
         const RPC: &str = "submit_load";
         metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
         let req = req.into_inner();
-        let settings = LoadSettings::from(req.options.unwrap_or_default());
-        Ok(Response::new(self.0.submit(RPC, &req.path, settings, "").await?))
+        let settings = load_settings(req.options.unwrap_or_default());
+        Ok(Response::new(job_info(self.0.submit(RPC, &req.path, settings, "").await?)))
     }
 
     async fn get_job(&self, req: Request<JobId>) -> RpcResult<JobInfo> {
@@ -555,7 +721,8 @@ impl MasterRpc for Rpc {
         metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
         let id = req.into_inner().id;
         let info = lock(&self.0.jobs).info(&id);
-        info.map(Response::new).ok_or_else(|| err(RPC, ErrorKind::NotFound, format!("no job {id}")))
+        info.map(|i| Response::new(job_info(i)))
+            .ok_or_else(|| err(RPC, ErrorKind::NotFound, format!("no job {id}")))
     }
 
     async fn list_jobs(&self, req: Request<ListJobsRequest>) -> RpcResult<JobList> {
@@ -567,7 +734,7 @@ impl MasterRpc for Rpc {
             .ids()
             .into_iter()
             .filter(|id| req.finished || jobs.is_running(id))
-            .filter_map(|id| jobs.info(&id))
+            .filter_map(|id| jobs.info(&id).map(job_info))
             .take(limit)
             .collect();
         Ok(Response::new(JobList { jobs: out }))
@@ -586,15 +753,17 @@ impl MasterRpc for Rpc {
         }
         self.0.progress.notify_waiters();
         let info = lock(&self.0.jobs).info(&id);
-        info.map(Response::new).ok_or_else(|| err(RPC, ErrorKind::NotFound, format!("no job {id}")))
+        info.map(|i| Response::new(job_info(i)))
+            .ok_or_else(|| err(RPC, ErrorKind::NotFound, format!("no job {id}")))
     }
 
     async fn add_schedule(&self, req: Request<ScheduleRequest>) -> RpcResult<ScheduleInfo> {
         const RPC: &str = "add_schedule";
         metrics::counter!(m::RPC_REQUESTS, "rpc" => RPC).increment(1);
         let req = req.into_inner();
-        let settings = LoadSettings::from(req.options.unwrap_or_default());
-        Ok(Response::new(self.0.add_schedule(RPC, &req.cron, &req.tz, &req.path, settings).await?))
+        let settings = load_settings(req.options.unwrap_or_default());
+        let record = self.0.add_schedule(RPC, &req.cron, &req.tz, &req.path, settings).await?;
+        Ok(Response::new(schedule_info(&record)))
     }
 
     async fn list_schedules(&self, _: Request<Empty>) -> RpcResult<ScheduleList> {
@@ -627,7 +796,7 @@ impl MasterRpc for Rpc {
             let now = Instant::now();
             if !tasks.is_empty() || now >= deadline {
                 metrics::counter!(m::LOAD_TASKS_ASSIGNED).increment(tasks.len() as u64);
-                return Ok(Response::new(LoadTasks { tasks }));
+                return Ok(Response::new(LoadTasks { tasks: tasks.into_iter().map(load_task).collect() }));
             }
             // Tasks backing off become ready without a wake-up: look again soon.
             let _ = tokio::time::timeout((deadline - now).min(Duration::from_millis(100)), notified).await;
@@ -641,7 +810,8 @@ impl MasterRpc for Rpc {
         let req = req.into_inner();
         let (touched, running_jobs) = {
             let mut jobs = lock(&self.0.jobs);
-            let touched = jobs.report(&req.worker_id, &req.results, Instant::now());
+            let results: Vec<TaskResult> = req.results.iter().map(load_task_result).collect();
+            let touched = jobs.report(&req.worker_id, &results, Instant::now());
             (touched, jobs.running_ids())
         };
         if !touched.is_empty() {

@@ -12,12 +12,11 @@ use futures::StreamExt;
 use globset::{GlobSet, GlobSetBuilder};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, ErrorKind, Member, Ring, block, path};
-use strata_proto::{JobInfo, ScheduleInfo};
 use strata_ufs::ObjectMeta;
 use tonic::Status;
 use tracing::{info, warn};
 
-use crate::jobs::{FileIn, JobRecord, LoadSettings, PassEnd};
+use crate::jobs::{FileIn, JobInfo, JobRecord, LoadSettings, PassEnd};
 use crate::metrics_defs as m;
 use crate::schedule::{self, ScheduleRecord};
 use crate::service::{CachedStat, State, err, lock, now_ms};
@@ -188,8 +187,9 @@ impl State {
 
     fn finished(&self, id: &str) {
         if let Some(info) = lock(&self.jobs).info(id) {
-            let state = info.state().as_str_name();
-            info!(job = %id, state, files = info.files_done, failed = info.files_failed, "load job ended");
+            let state = info.phase.label();
+            let (files, failed) = (info.progress.files_done, info.progress.files_failed);
+            info!(job = %id, state, files, failed, "load job ended");
             metrics::counter!(m::JOBS_FINISHED, "state" => state).increment(1);
         }
         self.prune_history();
@@ -358,8 +358,8 @@ impl State {
         tz: &str,
         path: &str,
         settings: LoadSettings,
-    ) -> Result<ScheduleInfo, Status> {
-        schedule::parse(cron, tz).map_err(|e| err(rpc, ErrorKind::InvalidArgument, e))?;
+    ) -> Result<ScheduleRecord, Status> {
+        schedule::parse(cron, tz).map_err(|e| err(rpc, ErrorKind::InvalidArgument, e.to_string()))?;
         let p = self.check_load(rpc, path, &settings).await?;
         let record = ScheduleRecord {
             id: format!("sched-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
@@ -374,29 +374,16 @@ impl State {
             created_ms: now_ms(),
         };
         let mut schedules = lock(&self.schedules);
-        let stored =
-            schedules.insert(record, now_ms()).map_err(|e| err(rpc, ErrorKind::InvalidArgument, e))?.clone();
+        let stored = schedules
+            .insert(record, now_ms())
+            .map_err(|e| err(rpc, ErrorKind::InvalidArgument, e.to_string()))?
+            .clone();
         if let Err(e) = self.store.put_schedule(&stored) {
             schedules.remove(&stored.id);
             return Err(err(rpc, ErrorKind::Internal, e.to_string()));
         }
         info!(schedule = %stored.id, cron = %stored.cron, tz = %stored.tz, path = %stored.path, "schedule added");
-        Ok(schedule_info(&stored))
-    }
-}
-
-pub(crate) fn schedule_info(r: &ScheduleRecord) -> ScheduleInfo {
-    ScheduleInfo {
-        id: r.id.clone(),
-        cron: r.cron.clone(),
-        tz: r.tz.clone(),
-        path: r.path.clone(),
-        options: Some((&r.settings).into()),
-        next_fire_ms: r.next_fire_ms,
-        last_job_id: r.last_job_id.clone(),
-        fired: r.fired,
-        skipped: r.skipped,
-        created_ms: r.created_ms,
+        Ok(stored)
     }
 }
 
