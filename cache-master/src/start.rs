@@ -1,0 +1,230 @@
+//! Starting and stopping a master, step by step: open the store; load the mounts, jobs and
+//! schedules it holds; build the state (metadata, cluster, job runner); bind the gRPC and HTTP
+//! servers; spawn the background loops; resume the jobs that were running.
+//!
+//! Invariant: nothing is served before the durable state is loaded, and a job that was running
+//! is counted as resumed in the store before its runner starts.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use strata_proto::master_server::MasterServer;
+use strata_ufs::UfsFactory;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::cluster::Cluster;
+use crate::config::MasterConfig;
+use crate::jobs::Jobs;
+use crate::metadata::{Metadata, MetadataParams};
+use crate::mounts::{Mount, MountTable};
+use crate::rpc::Rpc;
+use crate::runner::{JobRunner, RunnerParams};
+use crate::schedule::Schedules;
+use crate::store::{MetaStore, RedbStore, StoreError};
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MasterError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
+pub struct MasterHandle {
+    pub rpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    store: Arc<dyn MetaStore>,
+    runner: Arc<JobRunner>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MasterHandle {
+    /// Stops serving, closes connections and releases the store.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.runner.shutdown().await;
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        self.store.close();
+    }
+}
+
+pub struct Master;
+
+impl Master {
+    /// Opens the store, loads the mounts, binds both ports and starts serving.
+    pub async fn start(
+        config: MasterConfig,
+        factory: Arc<dyn UfsFactory>,
+    ) -> Result<MasterHandle, MasterError> {
+        let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
+        let mounts = load_mounts(store.as_ref(), factory.as_ref())?;
+        let (jobs, resume) = load_jobs(store.as_ref())?;
+        let schedules = load_schedules(store.as_ref())?;
+        info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
+
+        let cancel = CancellationToken::new();
+        let metadata = Arc::new(Metadata::new(MetadataParams {
+            mounts,
+            first_epoch: epoch_base(),
+            factory,
+            store: store.clone(),
+            cache_entries: config.metadata_cache_entries,
+        }));
+        let cluster = Arc::new(Cluster::new(Duration::from_millis(config.worker_timeout_ms), epoch_base()));
+        let runner = Arc::new(JobRunner::new(RunnerParams {
+            jobs,
+            schedules,
+            store: store.clone(),
+            metadata: metadata.clone(),
+            cluster: cluster.clone(),
+            cancel: cancel.child_token(),
+            heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
+            job_history: config.job_history,
+        }));
+        runner.prune_history();
+
+        let rpc = Rpc {
+            metadata,
+            cluster: cluster.clone(),
+            jobs: runner.clone(),
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+        };
+        let health = Arc::downgrade(&runner);
+        let (rpc_addr, server) = serve_rpc(config.rpc_addr, rpc, cancel.clone()).await?;
+        let (http_addr, http_task) = strata_proto::ops_http::serve(
+            config.http_addr,
+            Arc::new(move || if health.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
+        )
+        .await
+        .map_err(|source| MasterError::Bind { addr: config.http_addr, source })?;
+
+        let ticker = spawn_liveness_tick(&config, cluster);
+        resume_jobs(&runner, resume, &config);
+        let jobs_ticker = spawn_jobs_tick(runner.clone());
+        info!(%rpc_addr, %http_addr, "master started");
+        Ok(MasterHandle {
+            rpc_addr,
+            http_addr,
+            store,
+            runner,
+            cancel,
+            tasks: vec![server, http_task, ticker, jobs_ticker],
+        })
+    }
+}
+
+/// Wall-clock milliseconds: the first epochs and task ids, which must grow across restarts.
+fn epoch_base() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn load_mounts(store: &dyn MetaStore, factory: &dyn UfsFactory) -> Result<MountTable, MasterError> {
+    let mut table = MountTable::default();
+    for record in store.load_mounts()? {
+        // A mount that no longer opens (option rules changed) is kept in the store and
+        // reported, not dropped: losing a user's mount silently is worse.
+        match Mount::open(record.clone(), factory) {
+            Ok(mount) => {
+                table.insert(mount);
+            }
+            Err(e) => warn!(mount = %record.path, err = %e, "stored mount cannot be opened; skipped"),
+        }
+    }
+    Ok(table)
+}
+
+/// The job table with every stored job, and the ids of those to resume (each counted as
+/// resumed in the store first).
+fn load_jobs(store: &dyn MetaStore) -> Result<(Jobs, Vec<String>), MasterError> {
+    // Task ids of this master start above the last one's, so a late report of an old task can
+    // never complete a new one.
+    let mut jobs = Jobs::new((epoch_base() & 0xFFFF_FFFF_FFFF) << 16);
+    let mut resume = Vec::new();
+    for mut record in store.load_jobs()? {
+        if !record.phase.is_final() {
+            record.resumed += 1;
+            store.put_job(&record)?;
+            resume.push(record.id.clone());
+        }
+        jobs.insert(record);
+    }
+    Ok((jobs, resume))
+}
+
+fn load_schedules(store: &dyn MetaStore) -> Result<Schedules, MasterError> {
+    let mut schedules = Schedules::default();
+    let now_ms = epoch_base() as i64;
+    for record in store.load_schedules()? {
+        let id = record.id.clone();
+        if let Err(e) = schedules.insert(record, now_ms) {
+            warn!(schedule = %id, err = %e, "stored schedule cannot be parsed; skipped");
+        }
+    }
+    Ok(schedules)
+}
+
+async fn serve_rpc(
+    addr: SocketAddr,
+    rpc: Rpc,
+    cancel: CancellationToken,
+) -> Result<(SocketAddr, JoinHandle<()>), MasterError> {
+    let bind_err = |source| MasterError::Bind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
+    let local = listener.local_addr().map_err(bind_err)?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let svc = MasterServer::new(rpc);
+    let server = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
+            .await;
+        if let Err(e) = result {
+            warn!(err = %e, "master rpc server stopped");
+        }
+    });
+    Ok((local, server))
+}
+
+/// Declares silent workers lost, a few times per timeout.
+fn spawn_liveness_tick(config: &MasterConfig, cluster: Arc<Cluster>) -> JoinHandle<()> {
+    let every = Duration::from_millis((config.worker_timeout_ms / 4).clamp(10, 1000));
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(every);
+        loop {
+            interval.tick().await;
+            cluster.tick();
+        }
+    })
+}
+
+/// Expires leases, follows membership, fires schedules.
+fn spawn_jobs_tick(runner: Arc<JobRunner>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            interval.tick().await;
+            runner.tick().await;
+        }
+    })
+}
+
+fn resume_jobs(runner: &Arc<JobRunner>, ids: Vec<String>, config: &MasterConfig) {
+    // Resumed jobs wait for the workers to register again, so their tasks go to the owners on
+    // the whole ring and not to whichever worker came back first.
+    let settle = Duration::from_millis(config.heartbeat_interval_ms * 3).max(Duration::from_secs(1));
+    for id in ids {
+        info!(job = %id, "resuming load job");
+        runner.spawn_runner(id, settle);
+    }
+}
