@@ -309,12 +309,7 @@ impl JobRunner {
         let Some(record) = lock(&self.jobs).record(id).cloned() else { return Ok(()) };
         let s = &record.settings;
         let filter = Filter::new(&s.include, &s.exclude).map_err(|e| e.to_string())?;
-        let resolved = self.metadata.resolve(&record.path).map_err(|e| {
-            // Counted as before the runner had its own module (see the next commit).
-            metrics::counter!(m::RPC_ERRORS, "rpc" => "submit_load", "kind" => e.kind().as_str())
-                .increment(1);
-            e.to_string()
-        })?;
+        let resolved = self.metadata.resolve(&record.path).map_err(|e| e.to_string())?;
         let (mount, root) = (resolved.mount, resolved.rel);
         let replicas = s.replicas.max(1) as usize;
         let mut listing = mount.ufs.list_recursive(&root, record.cursor.as_deref());
@@ -421,9 +416,6 @@ impl JobRunner {
                     }
                 }
                 Err(e) => {
-                    // Counted as before the runner had its own module (see the next commit).
-                    metrics::counter!(m::RPC_ERRORS, "rpc" => "schedule", "kind" => e.kind().as_str())
-                        .increment(1);
                     warn!(schedule = %fire.schedule_id, err = %e, "scheduled load job not submitted")
                 }
             }
