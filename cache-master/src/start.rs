@@ -101,13 +101,16 @@ impl Master {
             heartbeat_interval_ms: config.heartbeat_interval_ms,
         };
         let health = Arc::downgrade(&runner);
-        let (rpc_addr, server) = serve_rpc(config.rpc_addr, rpc, cancel.clone()).await?;
+        // Both ports are bound before anything is spawned: a master that cannot start leaves no
+        // server behind holding the store open.
+        let (listener, rpc_addr) = bind_rpc(config.rpc_addr).await?;
         let (http_addr, http_task) = strata_proto::ops_http::serve(
             config.http_addr,
             Arc::new(move || if health.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
         )
         .await
         .map_err(|source| MasterError::Bind { addr: config.http_addr, source })?;
+        let server = spawn_rpc(listener, rpc, cancel.clone());
 
         let ticker = spawn_liveness_tick(&config, cluster);
         resume_jobs(&runner, resume, &config);
@@ -174,17 +177,17 @@ fn load_schedules(store: &dyn MetaStore) -> Result<Schedules, MasterError> {
     Ok(schedules)
 }
 
-async fn serve_rpc(
-    addr: SocketAddr,
-    rpc: Rpc,
-    cancel: CancellationToken,
-) -> Result<(SocketAddr, JoinHandle<()>), MasterError> {
+async fn bind_rpc(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), MasterError> {
     let bind_err = |source| MasterError::Bind { addr, source };
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let local = listener.local_addr().map_err(bind_err)?;
+    Ok((listener, local))
+}
+
+fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     let svc = MasterServer::new(rpc);
-    let server = tokio::spawn(async move {
+    tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
@@ -192,8 +195,7 @@ async fn serve_rpc(
         if let Err(e) = result {
             warn!(err = %e, "master rpc server stopped");
         }
-    });
-    Ok((local, server))
+    })
 }
 
 /// Declares silent workers lost, a few times per timeout.
@@ -226,5 +228,30 @@ fn resume_jobs(runner: &Arc<JobRunner>, ids: Vec<String>, config: &MasterConfig)
     for id in ids {
         info!(job = %id, "resuming load job");
         runner.spawn_runner(id, settle);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_ufs::OpendalFactory;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_master_that_cannot_bind_leaves_its_store_free_for_the_next_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = MasterConfig {
+            rpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: taken.local_addr().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            ..MasterConfig::default()
+        };
+        let err =
+            Master::start(config.clone(), Arc::new(OpendalFactory)).await.err().expect("http port taken");
+        assert!(matches!(err, MasterError::Bind { addr, .. } if addr == config.http_addr), "{err}");
+        let config = MasterConfig { http_addr: "127.0.0.1:0".parse().unwrap(), ..config };
+        let master = Master::start(config, Arc::new(OpendalFactory)).await.expect("the store was released");
+        master.shutdown().await;
     }
 }
