@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use strata_common::Member;
+use strata_common::{Member, SharedClock};
 use tracing::{info, warn};
 
 use crate::blockmap::BlockMap;
@@ -60,14 +60,17 @@ pub type Holders = Vec<(String, String, Tier)>;
 pub struct Cluster {
     membership: Mutex<Membership>,
     blocks: Mutex<BlockMap>,
+    /// Heartbeat times and the liveness timeout are read on this clock.
+    clock: SharedClock,
 }
 
 impl Cluster {
     /// `first_epoch` should grow across master restarts (see [`Membership::new`]).
-    pub fn new(worker_timeout: Duration, first_epoch: u64) -> Self {
+    pub fn new(worker_timeout: Duration, first_epoch: u64, clock: SharedClock) -> Self {
         Self {
             membership: Mutex::new(Membership::new(worker_timeout, first_epoch)),
             blocks: Mutex::new(BlockMap::default()),
+            clock,
         }
     }
 
@@ -75,7 +78,7 @@ impl Cluster {
         if id.is_empty() || data_addr.parse::<SocketAddr>().is_err() {
             return Err(OpError::BadWorker);
         }
-        let epoch = lock(&self.membership).register(id, data_addr, http_addr, Instant::now());
+        let epoch = lock(&self.membership).register(id, data_addr, http_addr, self.clock.now());
         // It will send a full report next: forget what it held before.
         lock(&self.blocks).drop_worker(id);
         info!(worker = %id, data_addr = %data_addr, epoch, "worker registered");
@@ -84,7 +87,7 @@ impl Cluster {
 
     pub fn heartbeat(&self, hb: Heartbeat) -> HeartbeatAnswer {
         let mut mem = lock(&self.membership);
-        if !mem.heartbeat(&hb.worker_id, Instant::now()) {
+        if !mem.heartbeat(&hb.worker_id, self.clock.now()) {
             return HeartbeatAnswer { reregister: true, membership_epoch: mem.epoch() };
         }
         mem.update_stats(&hb.worker_id, hb.tiers, hb.counters);
@@ -106,7 +109,7 @@ impl Cluster {
 
     /// Declares silent workers lost and drops their blocks.
     pub fn tick(&self) {
-        let lost = lock(&self.membership).tick(Instant::now());
+        let lost = lock(&self.membership).tick(self.clock.now());
         if !lost.is_empty() {
             let mut blocks = lock(&self.blocks);
             for id in &lost {
@@ -157,7 +160,7 @@ impl Cluster {
     pub fn status(&self) -> ClusterStatus {
         let mem = lock(&self.membership);
         let blocks = lock(&self.blocks);
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut totals = WorkerCounters::default();
         let workers = mem
             .workers()

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use moka::future::Cache;
-use strata_common::{block, path};
+use strata_common::{SharedClock, block, path};
 use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory};
 use tracing::info;
 
@@ -57,6 +57,8 @@ pub struct Metadata {
     store: Arc<dyn MetaStore>,
     stats: Cache<String, Arc<Cached<ObjectMeta>>>,
     lists: Cache<String, Arc<Cached<Vec<UfsEntry>>>>,
+    /// Cached entries age on this clock.
+    clock: SharedClock,
 }
 
 /// What [`Metadata::new`] starts from.
@@ -68,6 +70,7 @@ pub struct MetadataParams {
     pub store: Arc<dyn MetaStore>,
     /// Stats kept; listings get a tenth of it.
     pub cache_entries: u64,
+    pub clock: SharedClock,
 }
 
 impl Metadata {
@@ -80,11 +83,16 @@ impl Metadata {
             store: p.store,
             stats: Cache::builder().max_capacity(p.cache_entries).build(),
             lists: Cache::builder().max_capacity(p.cache_entries / 10 + 1).build(),
+            clock: p.clock,
         }
     }
 
-    fn fresh<T>(hit: &Cached<T>, mount: &Mount) -> bool {
-        hit.at.elapsed() < mount.metadata_ttl
+    fn fresh<T>(&self, hit: &Cached<T>, mount: &Mount) -> bool {
+        self.clock.now().saturating_duration_since(hit.at) < mount.metadata_ttl
+    }
+
+    fn cached<T>(&self, value: T) -> Arc<Cached<T>> {
+        Arc::new(Cached { at: self.clock.now(), value })
     }
 
     pub fn resolve(&self, raw: &str) -> Result<Resolved, OpError> {
@@ -97,7 +105,7 @@ impl Metadata {
     pub async fn stat(&self, raw: &str, sync: bool) -> Result<(Resolved, ObjectMeta), OpError> {
         let r = self.resolve(raw)?;
         let cached = if sync { None } else { self.stats.get(&r.path).await };
-        if let Some(hit) = cached.filter(|hit| Self::fresh(hit, &r.mount)) {
+        if let Some(hit) = cached.filter(|hit| self.fresh(hit, &r.mount)) {
             metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
             return Ok((r, hit.value.clone()));
         }
@@ -115,9 +123,7 @@ impl Metadata {
             }
         };
         if !r.mount.metadata_ttl.is_zero() {
-            self.stats
-                .insert(r.path.clone(), Arc::new(Cached { at: Instant::now(), value: meta.clone() }))
-                .await;
+            self.stats.insert(r.path.clone(), self.cached(meta.clone())).await;
         }
         Ok((r, meta))
     }
@@ -131,10 +137,10 @@ impl Metadata {
         }
         let cached = if sync { None } else { self.lists.get(&r.path).await };
         let listing = match cached {
-            Some(hit) if Self::fresh(&hit, &r.mount) => hit,
+            Some(hit) if self.fresh(&hit, &r.mount) => hit,
             _ => {
                 let entries = r.mount.ufs.list(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
-                let fresh = Arc::new(Cached { at: Instant::now(), value: entries });
+                let fresh = self.cached(entries);
                 if !r.mount.metadata_ttl.is_zero() {
                     self.lists.insert(r.path.clone(), fresh.clone()).await;
                 }
@@ -165,17 +171,12 @@ impl Metadata {
     ) -> ObjectMeta {
         if !refresh
             && let Some(hit) = self.stats.get(strata_path).await
-            && Self::fresh(&hit, mount)
+            && self.fresh(&hit, mount)
         {
             return hit.value.clone();
         }
         if !mount.metadata_ttl.is_zero() {
-            self.stats
-                .insert(
-                    strata_path.to_string(),
-                    Arc::new(Cached { at: Instant::now(), value: listed.clone() }),
-                )
-                .await;
+            self.stats.insert(strata_path.to_string(), self.cached(listed.clone())).await;
         }
         listed
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use strata_common::ring::DEFAULT_VNODES;
-use strata_common::{BlockKey, Ring, path};
+use strata_common::{BlockKey, Ring, SharedClock, path};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +51,8 @@ pub struct RunnerParams {
     pub cluster: Arc<Cluster>,
     /// Stops every job runner when the master shuts down.
     pub cancel: CancellationToken,
+    /// Leases, retry backoff and schedules are decided on this clock, and records stamped.
+    pub clock: SharedClock,
     /// How often workers heartbeat: a verify pass waits three beats for block reports.
     pub heartbeat_interval: Duration,
     /// Finished jobs kept.
@@ -69,15 +71,9 @@ pub struct JobRunner {
     progress: Notify,
     cancel: CancellationToken,
     runners: Mutex<Vec<JoinHandle<()>>>,
+    clock: SharedClock,
     heartbeat_interval: Duration,
     job_history: usize,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl JobRunner {
@@ -92,6 +88,7 @@ impl JobRunner {
             progress: Notify::new(),
             cancel: p.cancel,
             runners: Mutex::new(Vec::new()),
+            clock: p.clock,
             heartbeat_interval: p.heartbeat_interval,
             job_history: p.job_history,
         }
@@ -133,7 +130,7 @@ impl JobRunner {
             id: id.clone(),
             path: p,
             settings,
-            created_ms: now_ms(),
+            created_ms: self.clock.wall_ms(),
             schedule_id: schedule_id.to_string(),
             ..Default::default()
         };
@@ -161,7 +158,7 @@ impl JobRunner {
     }
 
     pub fn cancel(&self, id: &str) -> Result<JobInfo, OpError> {
-        let result = lock(&self.jobs).cancel(id, now_ms());
+        let result = lock(&self.jobs).cancel(id, self.clock.wall_ms());
         result.map_err(|_| OpError::NoJob(id.to_string()))?;
         let record = lock(&self.jobs).take_dirty(id);
         if let Some(record) = record {
@@ -192,18 +189,19 @@ impl JobRunner {
         if jobs.ring().epoch() == epoch {
             return;
         }
-        jobs.set_ring(Ring::new(epoch, members, DEFAULT_VNODES), Instant::now());
+        jobs.set_ring(Ring::new(epoch, members, DEFAULT_VNODES), self.clock.now());
         drop(jobs);
         self.task_ready.notify_waiters();
     }
 
     /// Up to `max` tasks for `worker`, waiting up to `wait` (at most `MAX_TASK_WAIT`) for one.
     pub async fn fetch_tasks(&self, worker: &str, max: usize, wait: Duration) -> Vec<LoadTask> {
+        // The poll itself waits on tokio's timer; only the lease decisions read the clock.
         let deadline = Instant::now() + wait.min(MAX_TASK_WAIT);
         self.sync_ring();
         loop {
             let notified = self.task_ready.notified();
-            let tasks = lock(&self.jobs).fetch(worker, max.max(1), Instant::now());
+            let tasks = lock(&self.jobs).fetch(worker, max.max(1), self.clock.now());
             let now = Instant::now();
             if !tasks.is_empty() || now >= deadline {
                 metrics::counter!(m::LOAD_TASKS_ASSIGNED).increment(tasks.len() as u64);
@@ -219,7 +217,7 @@ impl JobRunner {
     pub fn report(&self, worker: &str, results: &[LoadTaskResult]) -> Vec<String> {
         let (touched, running) = {
             let mut jobs = lock(&self.jobs);
-            let touched = jobs.report(worker, results, Instant::now());
+            let touched = jobs.report(worker, results, self.clock.now());
             (touched, jobs.running_ids())
         };
         if !touched.is_empty() {
@@ -264,7 +262,7 @@ impl JobRunner {
             let pass_result = self.list_pass(id).await;
             if let Err(reason) = pass_result {
                 warn!(job = %id, %reason, "load job failed");
-                lock(&self.jobs).fail(id, reason, now_ms());
+                lock(&self.jobs).fail(id, reason, self.clock.wall_ms());
                 self.persist_job(id);
                 self.finished(id);
                 return;
@@ -272,7 +270,7 @@ impl JobRunner {
             lock(&self.jobs).listing_done(id);
             loop {
                 let notified = self.progress.notified();
-                let end = lock(&self.jobs).end_of_pass(id, now_ms());
+                let end = lock(&self.jobs).end_of_pass(id, self.clock.wall_ms());
                 self.persist_job(id);
                 match end {
                     PassEnd::NotYet => {
@@ -313,6 +311,7 @@ impl JobRunner {
         let (mount, root) = (resolved.mount, resolved.rel);
         let replicas = s.replicas.max(1) as usize;
         let mut listing = mount.ufs.list_recursive(&root, record.cursor.as_deref());
+        // Pacing the store's writes is not a decision about the job: real time, like any wait.
         let mut last_persist = Instant::now();
         while let Some(item) = listing.next().await {
             let file = item.map_err(|e| format!("listing {}: {e}", record.path))?;
@@ -368,7 +367,7 @@ impl JobRunner {
                 loads,
                 skipped,
             };
-            lock(&self.jobs).add_file(id, file_in, Instant::now());
+            lock(&self.jobs).add_file(id, file_in, self.clock.now());
             if has_loads {
                 self.task_ready.notify_waiters();
             }
@@ -392,10 +391,10 @@ impl JobRunner {
     /// Periodic work: expired leases, membership changes, due schedules.
     pub async fn tick(self: &Arc<Self>) {
         self.sync_ring();
-        if lock(&self.jobs).tick(Instant::now()) {
+        if lock(&self.jobs).tick(self.clock.now()) {
             self.task_ready.notify_waiters();
         }
-        let now = now_ms();
+        let now = self.clock.wall_ms();
         let (fires, changed) = {
             let jobs = lock(&self.jobs);
             lock(&self.schedules).due(now, |job| jobs.is_running(job))
@@ -442,10 +441,10 @@ impl JobRunner {
             last_job_id: String::new(),
             fired: 0,
             skipped: 0,
-            created_ms: now_ms(),
+            created_ms: self.clock.wall_ms(),
         };
         let mut schedules = lock(&self.schedules);
-        let stored = schedules.insert(record, now_ms())?.clone();
+        let stored = schedules.insert(record, self.clock.wall_ms())?.clone();
         if let Err(e) = self.store.put_schedule(&stored) {
             schedules.remove(&stored.id);
             return Err(e.into());

@@ -1,6 +1,6 @@
 //! Warmup schedules: a cron expression (5 fields, or 6 with leading seconds) in a time zone,
 //! and the load job it submits at each of its times. Sans-IO: `due(now_ms)` is driven by the
-//! master's ticker with the wall clock, and by tests with any clock they like.
+//! master's jobs tick with its clock's wall time, and by tests with any clock they like.
 //!
 //! Policies:
 //! - **missed times run once**: a schedule whose time passed while the master was down fires

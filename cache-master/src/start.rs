@@ -7,8 +7,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use strata_common::{SharedClock, clock};
 use strata_proto::master_server::MasterServer;
 use strata_ufs::UfsFactory;
 use thiserror::Error;
@@ -67,21 +68,34 @@ impl Master {
         config: MasterConfig,
         factory: Arc<dyn UfsFactory>,
     ) -> Result<MasterHandle, MasterError> {
+        Self::start_with_clock(config, factory, clock::system()).await
+    }
+
+    /// [`start`](Self::start) with every decision by elapsed time (worker liveness, metadata
+    /// TTLs, task leases, schedules) and every timestamp read on `clock`: a test passes a
+    /// `ManualClock` and moves time instead of sleeping.
+    pub async fn start_with_clock(
+        config: MasterConfig,
+        factory: Arc<dyn UfsFactory>,
+        clock: SharedClock,
+    ) -> Result<MasterHandle, MasterError> {
         let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
         let mounts = load_mounts(store.as_ref(), factory.as_ref())?;
-        let (jobs, resume) = load_jobs(store.as_ref())?;
-        let schedules = load_schedules(store.as_ref())?;
+        let (jobs, resume) = load_jobs(store.as_ref(), &clock)?;
+        let schedules = load_schedules(store.as_ref(), &clock)?;
         info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
 
         let cancel = CancellationToken::new();
         let metadata = Arc::new(Metadata::new(MetadataParams {
             mounts,
-            first_epoch: epoch_base(),
+            first_epoch: epoch_base(&clock),
             factory,
             store: store.clone(),
             cache_entries: config.metadata_cache_entries,
+            clock: clock.clone(),
         }));
-        let cluster = Arc::new(Cluster::new(Duration::from_millis(config.worker_timeout_ms), epoch_base()));
+        let timeout = Duration::from_millis(config.worker_timeout_ms);
+        let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone()));
         let runner = Arc::new(JobRunner::new(RunnerParams {
             jobs,
             schedules,
@@ -89,6 +103,7 @@ impl Master {
             metadata: metadata.clone(),
             cluster: cluster.clone(),
             cancel: cancel.child_token(),
+            clock,
             heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
             job_history: config.job_history,
         }));
@@ -128,8 +143,8 @@ impl Master {
 }
 
 /// Wall-clock milliseconds: the first epochs and task ids, which must grow across restarts.
-fn epoch_base() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+fn epoch_base(clock: &SharedClock) -> u64 {
+    clock.wall_ms().max(0) as u64
 }
 
 fn load_mounts(store: &dyn MetaStore, factory: &dyn UfsFactory) -> Result<MountTable, MasterError> {
@@ -149,10 +164,10 @@ fn load_mounts(store: &dyn MetaStore, factory: &dyn UfsFactory) -> Result<MountT
 
 /// The job table with every stored job, and the ids of those to resume (each counted as
 /// resumed in the store first).
-fn load_jobs(store: &dyn MetaStore) -> Result<(Jobs, Vec<String>), MasterError> {
+fn load_jobs(store: &dyn MetaStore, clock: &SharedClock) -> Result<(Jobs, Vec<String>), MasterError> {
     // Task ids of this master start above the last one's, so a late report of an old task can
     // never complete a new one.
-    let mut jobs = Jobs::new((epoch_base() & 0xFFFF_FFFF_FFFF) << 16);
+    let mut jobs = Jobs::new((epoch_base(clock) & 0xFFFF_FFFF_FFFF) << 16);
     let mut resume = Vec::new();
     for mut record in store.load_jobs()? {
         if !record.phase.is_final() {
@@ -165,9 +180,9 @@ fn load_jobs(store: &dyn MetaStore) -> Result<(Jobs, Vec<String>), MasterError> 
     Ok((jobs, resume))
 }
 
-fn load_schedules(store: &dyn MetaStore) -> Result<Schedules, MasterError> {
+fn load_schedules(store: &dyn MetaStore, clock: &SharedClock) -> Result<Schedules, MasterError> {
     let mut schedules = Schedules::default();
-    let now_ms = epoch_base() as i64;
+    let now_ms = clock.wall_ms();
     for record in store.load_schedules()? {
         let id = record.id.clone();
         if let Err(e) = schedules.insert(record, now_ms) {
