@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use strata_common::background::sleep_or_cancel;
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, Ring, SharedClock, path};
 use tokio::sync::Notify;
@@ -234,12 +235,13 @@ impl JobRunner {
         let runner = self.clone();
         let cancel = self.cancel.clone();
         let handle = tokio::spawn(async move {
+            if sleep_or_cancel(delay, &cancel).await {
+                return;
+            }
+            // The job's own waits (for reports, for the listing) end with the master too.
             tokio::select! {
                 _ = cancel.cancelled() => {}
-                _ = async {
-                    tokio::time::sleep(delay).await;
-                    runner.run_job(&id).await;
-                } => {}
+                _ = runner.run_job(&id) => {}
             }
         });
         let mut runners = lock(&self.runners);
@@ -278,7 +280,9 @@ impl JobRunner {
                     }
                     PassEnd::Verify => {
                         // Let the workers' block reports of the first pass reach the block map.
-                        tokio::time::sleep(self.heartbeat_interval * 3).await;
+                        if sleep_or_cancel(self.heartbeat_interval * 3, &self.cancel).await {
+                            return;
+                        }
                         break;
                     }
                     PassEnd::Finished(_) => {

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_common::background::spawn_loop;
 use strata_common::{SharedClock, clock};
 use strata_proto::master_server::MasterServer;
 use strata_ufs::UfsFactory;
@@ -127,9 +128,9 @@ impl Master {
         .map_err(|source| MasterError::Bind { addr: config.http_addr, source })?;
         let server = spawn_rpc(listener, rpc, cancel.clone());
 
-        let ticker = spawn_liveness_tick(&config, cluster);
+        let ticker = spawn_liveness_tick(&config, cluster, cancel.clone());
         resume_jobs(&runner, resume, &config);
-        let jobs_ticker = spawn_jobs_tick(runner.clone());
+        let jobs_ticker = spawn_jobs_tick(runner.clone(), cancel.clone());
         info!(%rpc_addr, %http_addr, "master started");
         Ok(MasterHandle {
             rpc_addr,
@@ -214,25 +215,23 @@ fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> Join
 }
 
 /// Declares silent workers lost, a few times per timeout.
-fn spawn_liveness_tick(config: &MasterConfig, cluster: Arc<Cluster>) -> JoinHandle<()> {
+fn spawn_liveness_tick(
+    config: &MasterConfig,
+    cluster: Arc<Cluster>,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
     let every = Duration::from_millis((config.worker_timeout_ms / 4).clamp(10, 1000));
-    tokio::spawn(async move {
-        let mut interval = tokio::time::interval(every);
-        loop {
-            interval.tick().await;
-            cluster.tick();
-        }
+    spawn_loop(every, cancel, move || {
+        cluster.tick();
+        std::future::ready(())
     })
 }
 
 /// Expires leases, follows membership, fires schedules.
-fn spawn_jobs_tick(runner: Arc<JobRunner>) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut interval = tokio::time::interval(Duration::from_millis(100));
-        loop {
-            interval.tick().await;
-            runner.tick().await;
-        }
+fn spawn_jobs_tick(runner: Arc<JobRunner>, cancel: CancellationToken) -> JoinHandle<()> {
+    spawn_loop(Duration::from_millis(100), cancel, move || {
+        let runner = runner.clone();
+        async move { runner.tick().await }
     })
 }
 
