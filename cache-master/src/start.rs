@@ -81,66 +81,97 @@ impl Master {
         clock: SharedClock,
     ) -> Result<MasterHandle, MasterError> {
         let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
-        let mounts = load_mounts(store.as_ref(), factory.as_ref())?;
-        let (jobs, resume) = load_jobs(store.as_ref(), &clock)?;
-        let schedules = load_schedules(store.as_ref(), &clock)?;
-        info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
+        let (stored, resume) = load_state(store.clone(), factory.as_ref(), &clock)?;
+        let parts = build_parts(&config, stored, factory, clock);
+        let cancel = parts.cancel.clone();
 
-        let cancel = CancellationToken::new();
-        let metadata = Arc::new(Metadata::new(MetadataParams {
-            mounts,
-            first_epoch: epoch_base(&clock),
-            factory,
-            store: store.clone(),
-            cache_entries: config.metadata_cache_entries,
-            clock: clock.clone(),
-        }));
-        let timeout = Duration::from_millis(config.worker_timeout_ms);
-        let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone()));
-        let runner = Arc::new(JobRunner::new(RunnerParams {
-            jobs,
-            schedules,
-            store: store.clone(),
-            metadata: metadata.clone(),
-            cluster: cluster.clone(),
-            cancel: cancel.child_token(),
-            clock,
-            heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
-            job_history: config.job_history,
-        }));
-        runner.prune_history();
-
-        let rpc = Rpc {
-            metadata,
-            cluster: cluster.clone(),
-            jobs: runner.clone(),
-            heartbeat_interval_ms: config.heartbeat_interval_ms,
-        };
-        let health = Arc::downgrade(&runner);
         // Both ports are bound before anything is spawned: a master that cannot start leaves no
         // server behind holding the store open.
         let (listener, rpc_addr) = bind_rpc(config.rpc_addr).await?;
-        let (http_addr, http_task) = strata_proto::ops_http::serve(
-            config.http_addr,
-            Arc::new(move || if health.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) }),
-        )
-        .await
-        .map_err(|source| MasterError::Bind { addr: config.http_addr, source })?;
-        let server = spawn_rpc(listener, rpc, cancel.clone());
+        let (http_addr, http_task) = serve_http(config.http_addr, &parts.runner).await?;
+        let server = spawn_rpc(listener, parts.rpc, cancel.clone());
 
-        let ticker = spawn_liveness_tick(&config, cluster, cancel.clone());
-        resume_jobs(&runner, resume, &config);
-        let jobs_ticker = spawn_jobs_tick(runner.clone(), cancel.clone());
+        let ticker = spawn_liveness_tick(&config, parts.cluster, cancel.clone());
+        resume_jobs(&parts.runner, resume, &config);
+        let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), cancel.clone());
         info!(%rpc_addr, %http_addr, "master started");
         Ok(MasterHandle {
             rpc_addr,
             http_addr,
             store,
-            runner,
+            runner: parts.runner,
             cancel,
             tasks: vec![server, http_task, ticker, jobs_ticker],
         })
     }
+}
+
+/// The store and what it holds, ready to serve.
+struct Stored {
+    store: Arc<dyn MetaStore>,
+    mounts: MountTable,
+    jobs: Jobs,
+    schedules: Schedules,
+}
+
+/// The stored state, and the ids of the jobs that were running (to resume).
+fn load_state(
+    store: Arc<dyn MetaStore>,
+    factory: &dyn UfsFactory,
+    clock: &SharedClock,
+) -> Result<(Stored, Vec<String>), MasterError> {
+    let mounts = load_mounts(store.as_ref(), factory)?;
+    let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
+    let schedules = load_schedules(store.as_ref(), clock)?;
+    info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
+    Ok((Stored { store, mounts, jobs, schedules }, resume))
+}
+
+/// The master's parts, each handed what it uses, and the token that stops them.
+struct Parts {
+    cluster: Arc<Cluster>,
+    runner: Arc<JobRunner>,
+    rpc: Rpc,
+    cancel: CancellationToken,
+}
+
+fn build_parts(
+    config: &MasterConfig,
+    stored: Stored,
+    factory: Arc<dyn UfsFactory>,
+    clock: SharedClock,
+) -> Parts {
+    let Stored { store, mounts, jobs, schedules } = stored;
+    let cancel = CancellationToken::new();
+    let metadata = Arc::new(Metadata::new(MetadataParams {
+        mounts,
+        first_epoch: epoch_base(&clock),
+        factory,
+        store: store.clone(),
+        cache_entries: config.metadata_cache_entries,
+        clock: clock.clone(),
+    }));
+    let timeout = Duration::from_millis(config.worker_timeout_ms);
+    let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone()));
+    let runner = Arc::new(JobRunner::new(RunnerParams {
+        jobs,
+        schedules,
+        store,
+        metadata: metadata.clone(),
+        cluster: cluster.clone(),
+        cancel: cancel.child_token(),
+        clock,
+        heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
+        job_history: config.job_history,
+    }));
+    runner.prune_history();
+    let rpc = Rpc {
+        metadata,
+        cluster: cluster.clone(),
+        jobs: runner.clone(),
+        heartbeat_interval_ms: config.heartbeat_interval_ms,
+    };
+    Parts { cluster, runner, rpc, cancel }
 }
 
 /// Wall-clock milliseconds: the first epochs and task ids, which must grow across restarts.
@@ -198,6 +229,16 @@ async fn bind_rpc(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), MasterE
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let local = listener.local_addr().map_err(bind_err)?;
     Ok((listener, local))
+}
+
+/// `/metrics` and `/health`; healthy while the master's parts are alive.
+async fn serve_http(
+    addr: SocketAddr,
+    runner: &Arc<JobRunner>,
+) -> Result<(SocketAddr, JoinHandle<()>), MasterError> {
+    let alive = Arc::downgrade(runner);
+    let health = Arc::new(move || if alive.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) });
+    strata_proto::ops_http::serve(addr, health).await.map_err(|source| MasterError::Bind { addr, source })
 }
 
 fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {
