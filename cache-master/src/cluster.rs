@@ -1,9 +1,9 @@
 //! The workers as the master sees them: membership (who is live, at which epoch) and the block
 //! map (who holds what), fed by registrations and heartbeats and aged by the liveness tick.
 //!
-//! Invariant: a worker's blocks leave the block map whenever it leaves the live set or
-//! registers again (it sends a full report next), so the map never names a worker that
-//! clients would not place blocks on.
+//! Invariant: a worker's blocks leave the block map in the same tick that takes it out of the
+//! live set, and when it registers again (it sends a full report next), so the map does not
+//! go on naming a worker that clients no longer place blocks on.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

@@ -7,9 +7,11 @@
 //! metadata it resolves and stats paths through, the cluster whose live set makes the ring, a
 //! cancellation token), and owns the job table and the schedules; nothing reaches into it.
 //!
-//! Invariants: a job is in the store before it runs, and every phase change is stored before
-//! anyone is told of it; memory stays bounded whatever the tree's size, since the listing is a
-//! stream and a runner stops pulling from it while `WINDOW` files of its job are in flight.
+//! Invariants: a job is in the store before its runner starts and before its submitter hears
+//! of it, and what is stored of its progress is the finished prefix of its listing (see
+//! `jobs.rs`), so a restart resumes it without counting a file twice; memory stays bounded
+//! whatever the tree's size, since the listing is a stream and a runner stops pulling from it
+//! while `WINDOW` files of its job are in flight.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
