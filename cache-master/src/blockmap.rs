@@ -2,19 +2,22 @@
 //!
 //! Advisory only: reads never consult it (placement is computed), so it may lag the workers by
 //! one heartbeat. It answers `locations` for operators and the warmup planner.
+//!
+//! Invariant: the two indexes agree — a (worker, block, tier) is in `by_worker` exactly when
+//! it is among that block's holders in `by_file`, and neither keeps an empty entry.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use strata_proto::{BlockReport, Tier};
+use crate::reports::{BlockReport, Tier};
 
 type BlockId = (String, String, u64); // (file_id, version, index)
 /// (version, index) → holders as (worker, tier)
-type VersionBlocks = BTreeMap<(String, u64), Vec<(String, i32)>>;
+type VersionBlocks = BTreeMap<(String, u64), Vec<(String, Tier)>>;
 
 #[derive(Debug, Default)]
 pub struct BlockMap {
     /// worker → (block, tier) it holds
-    by_worker: HashMap<String, HashSet<(BlockId, i32)>>,
+    by_worker: HashMap<String, HashSet<(BlockId, Tier)>>,
     /// file_id → (version, index) → holders
     by_file: HashMap<String, VersionBlocks>,
 }
@@ -44,7 +47,7 @@ impl BlockMap {
         }
     }
 
-    fn unindex(&mut self, worker: &str, id: &BlockId, tier: i32) {
+    fn unindex(&mut self, worker: &str, id: &BlockId, tier: Tier) {
         if let Some(versions) = self.by_file.get_mut(&id.0) {
             if let Some(holders) = versions.get_mut(&(id.1.clone(), id.2)) {
                 holders.retain(|(w, t)| !(w == worker && *t == tier));
@@ -73,13 +76,7 @@ impl BlockMap {
         if let Some(versions) = self.by_file.get(file_id) {
             for ((v, index), holders) in versions {
                 if v == version {
-                    out.insert(
-                        *index,
-                        holders
-                            .iter()
-                            .map(|(w, t)| (w.clone(), Tier::try_from(*t).unwrap_or(Tier::Unspecified)))
-                            .collect(),
-                    );
+                    out.insert(*index, holders.clone());
                 }
             }
         }
@@ -100,7 +97,7 @@ mod tests {
     use super::*;
 
     fn report(file: &str, index: u64, tier: Tier) -> BlockReport {
-        BlockReport { file_id: file.into(), version: "v1".into(), index, tier: tier as i32, size: 10 }
+        BlockReport { file_id: file.into(), version: "v1".into(), index, tier }
     }
 
     #[test]

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use strata_common::Ring;
-use strata_proto::{FileFailure, JobInfo, JobState, LoadOptions, LoadTask, LoadTaskResult};
 
 /// Attempts of one block load before its file is failed.
 pub const MAX_ATTEMPTS: u32 = 5;
@@ -44,40 +43,6 @@ pub struct LoadSettings {
     pub metadata_only: bool,
 }
 
-impl From<LoadOptions> for LoadSettings {
-    fn from(o: LoadOptions) -> Self {
-        Self {
-            replicas: o.replicas.max(1),
-            bandwidth: o.bandwidth,
-            parallelism: o.parallelism,
-            include: o.include,
-            exclude: o.exclude,
-            skip_cached: o.skip_cached,
-            verify: o.verify,
-            sync: o.sync,
-            dry_run: o.dry_run,
-            metadata_only: o.metadata_only,
-        }
-    }
-}
-
-impl From<&LoadSettings> for LoadOptions {
-    fn from(s: &LoadSettings) -> Self {
-        Self {
-            replicas: s.replicas,
-            bandwidth: s.bandwidth,
-            parallelism: s.parallelism,
-            include: s.include.clone(),
-            exclude: s.exclude.clone(),
-            skip_cached: s.skip_cached,
-            verify: s.verify,
-            sync: s.sync,
-            dry_run: s.dry_run,
-            metadata_only: s.metadata_only,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     Running,
@@ -91,12 +56,14 @@ impl Phase {
         !matches!(self, Phase::Running)
     }
 
-    fn proto(self) -> JobState {
+    /// The phase as the `state` label of `JOBS_FINISHED` and in logs: the protobuf enum's
+    /// names, so dashboards read the same values as `strata job status --json`.
+    pub fn label(self) -> &'static str {
         match self {
-            Phase::Running => JobState::Running,
-            Phase::Succeeded => JobState::Succeeded,
-            Phase::Failed => JobState::Failed,
-            Phase::Cancelled => JobState::Cancelled,
+            Phase::Running => "JOB_STATE_RUNNING",
+            Phase::Succeeded => "JOB_STATE_SUCCEEDED",
+            Phase::Failed => "JOB_STATE_FAILED",
+            Phase::Cancelled => "JOB_STATE_CANCELLED",
         }
     }
 }
@@ -191,6 +158,61 @@ pub struct FileIn {
     pub loads: Vec<(u64, u64, usize)>,
     /// Loads not needed: the block map says the target already holds the block.
     pub skipped: u64,
+}
+
+/// A block load handed to a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadTask {
+    pub task_id: u64,
+    pub job_id: String,
+    pub path: String,
+    pub version: String,
+    pub file_size: u64,
+    pub block_size: u64,
+    pub index: u64,
+    /// The job's per-worker bandwidth cap, bytes per second; 0 = none.
+    pub bandwidth: u64,
+    /// The job's loads in flight per worker; 0 = the worker's default.
+    pub parallelism: u32,
+}
+
+/// A worker's outcome of one [`LoadTask`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadTaskResult {
+    pub task_id: u64,
+    pub job_id: String,
+    pub ok: bool,
+    /// The worker held the block already.
+    pub already_cached: bool,
+    pub error: String,
+    /// The failure may go away: try again after a backoff.
+    pub temporary: bool,
+}
+
+/// A file that failed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileFailure {
+    pub path: String,
+    pub reason: String,
+}
+
+/// A job as shown to users: its record with live progress (finished files and those in
+/// flight).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    pub id: String,
+    pub path: String,
+    pub settings: LoadSettings,
+    pub phase: Phase,
+    pub pass: u32,
+    pub listing_done: bool,
+    pub progress: Progress,
+    /// The job's own error first (if any), then failed files.
+    pub failures: Vec<FileFailure>,
+    pub created_ms: i64,
+    pub finished_ms: i64,
+    pub schedule_id: String,
+    pub resumed: u32,
 }
 
 #[derive(Debug)]
@@ -633,25 +655,16 @@ impl Jobs {
         Some(JobInfo {
             id: r.id.clone(),
             path: r.path.clone(),
-            options: Some((&r.settings).into()),
-            state: r.phase.proto() as i32,
+            settings: r.settings.clone(),
+            phase: r.phase,
             pass: r.pass,
             listing_done: job.listing_done,
-            files_total: p.files_total,
-            files_done: p.files_done,
-            bytes_total: p.bytes_total,
-            bytes_done: p.bytes_done,
-            blocks_total: p.blocks_total,
-            blocks_done: p.blocks_done,
-            blocks_already_cached: p.blocks_already_cached,
-            blocks_verify_loaded: p.blocks_verify_loaded,
-            files_failed: p.files_failed,
+            progress: p,
             failures,
             created_ms: r.created_ms,
             finished_ms: r.finished_ms,
             schedule_id: r.schedule_id.clone(),
             resumed: r.resumed,
-            task_retries: p.task_retries,
         })
     }
 
@@ -778,7 +791,8 @@ mod tests {
         }
         assert_eq!(jobs.end_of_pass("j", 5), PassEnd::Finished(Phase::Succeeded));
         let info = jobs.info("j").unwrap();
-        assert_eq!((info.files_done, info.files_total, info.blocks_done, info.blocks_total), (2, 2, 8, 8));
+        let p = info.progress;
+        assert_eq!((p.files_done, p.files_total, p.blocks_done, p.blocks_total), (2, 2, 8, 8));
         assert_eq!(jobs.record("j").unwrap().cursor.as_deref(), Some("f2"));
     }
 
@@ -816,8 +830,8 @@ mod tests {
         jobs.report("a", &[fail], now);
         assert_eq!(jobs.end_of_pass("j", 9), PassEnd::Finished(Phase::Failed));
         let info = jobs.info("j").unwrap();
-        assert_eq!(info.files_failed, 1);
-        assert_eq!(info.task_retries, (MAX_ATTEMPTS - 1) as u64);
+        assert_eq!(info.progress.files_failed, 1);
+        assert_eq!(info.progress.task_retries, (MAX_ATTEMPTS - 1) as u64);
         assert!(info.failures[0].reason.contains("ufs 503"), "{:?}", info.failures);
     }
 
@@ -891,7 +905,7 @@ mod tests {
         let f2 = tasks.iter().find(|t| t.path == "/data/f2").unwrap();
         jobs.report("a", &[ok(f2)], now);
         assert_eq!(jobs.record("j").unwrap().cursor, None, "f1 still in flight");
-        assert_eq!(jobs.info("j").unwrap().files_done, 1);
+        assert_eq!(jobs.info("j").unwrap().progress.files_done, 1);
         let f1 = tasks.iter().find(|t| t.path == "/data/f1").unwrap();
         jobs.report("a", &[ok(f1)], now);
         let dirty = jobs.take_dirty("j").expect("progress to store");

@@ -1,16 +1,37 @@
 //! The Strata master: worker membership, the mount table, a metadata cache over the UFS, the
-//! block map, and the durable store behind them. It is never on the data path of a read.
+//! block map, load jobs with their schedules, and the durable store behind them. It is never on
+//! the data path of a read.
+//!
+//! Modules import one way, each only from the layers below it:
+//!
+//! 1. `start`: [`Master::start`] opens the store, loads the state, builds the parts below,
+//!    binds the servers, spawns the background loops, resumes jobs;
+//! 2. `rpc`: the gRPC adapter, the only module that knows protobuf;
+//! 3. `runner`: load jobs and schedules with their I/O (listing, store, notifications);
+//! 4. `metadata` (mount table and metadata cache) and `cluster` (membership and block map);
+//! 5. `error`: what the layers above fail with, wrapping the errors of those below;
+//! 6. `store`: the durable records in redb;
+//! 7. without I/O: the state machines `jobs`, `schedule`, `membership`, `blockmap`, the
+//!    `mounts` table, `filter`, `reports`; and `config`, `locks`, `metrics_defs`.
 
 mod blockmap;
+mod cluster;
 pub mod config;
-pub mod jobs;
+mod error;
+mod filter;
+mod jobs;
+mod locks;
 mod membership;
+mod metadata;
 pub mod metrics_defs;
-pub mod mounts;
-pub mod schedule;
-mod service;
-pub mod store;
-mod warmup;
+mod mounts;
+mod reports;
+mod rpc;
+mod runner;
+mod schedule;
+mod start;
+mod store;
 
 pub use config::MasterConfig;
-pub use service::{Master, MasterError, MasterHandle};
+pub use start::{Master, MasterError, MasterHandle};
+pub use store::StoreError;

@@ -1,11 +1,16 @@
 //! Worker membership as a state machine without I/O: events in (`register`, `heartbeat`,
 //! `tick(now)`), the live set and its epoch out. Time is a parameter, so tests drive the clock.
+//!
+//! Invariants: the epoch moves whenever the live set or a live worker's data address changes,
+//! and never otherwise; a worker declared lost stays out until it registers again (its
+//! heartbeats are refused), so a worker cannot slip back in without a full block report.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use strata_common::Member;
-use strata_proto::{TierUsage, WorkerCounters};
+
+use crate::reports::{TierUsage, WorkerCounters};
 
 #[derive(Debug, Clone)]
 pub struct WorkerRecord {

@@ -130,10 +130,6 @@ impl MountTable {
     pub fn len(&self) -> usize {
         self.mounts.len()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.mounts.is_empty()
-    }
 }
 
 #[cfg(test)]

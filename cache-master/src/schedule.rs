@@ -1,6 +1,6 @@
 //! Warmup schedules: a cron expression (5 fields, or 6 with leading seconds) in a time zone,
 //! and the load job it submits at each of its times. Sans-IO: `due(now_ms)` is driven by the
-//! master's ticker with the wall clock, and by tests with any clock they like.
+//! master's jobs tick with its clock's wall time, and by tests with any clock they like.
 //!
 //! Policies:
 //! - **missed times run once**: a schedule whose time passed while the master was down fires
@@ -16,8 +16,21 @@ use chrono::{TimeZone, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::jobs::LoadSettings;
+
+/// Why a schedule is refused; each message is fit for the user.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    #[error("bad cron expression {cron:?}: {reason} (expected 5 fields, or 6 with leading seconds)")]
+    BadCron { cron: String, reason: String },
+    #[error("unknown time zone {0:?} (expected an IANA name such as Europe/Paris)")]
+    UnknownZone(String),
+    #[error("cron {0:?} never fires")]
+    NeverFires(String),
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScheduleRecord {
@@ -53,14 +66,15 @@ pub struct Schedules {
     entries: BTreeMap<String, Entry>,
 }
 
-/// Parses a cron expression and a zone, with a message fit for the user.
-pub fn parse(cron: &str, tz: &str) -> Result<(Cron, chrono_tz::Tz), String> {
-    let parsed = CronParser::builder().seconds(Seconds::Optional).build().parse(cron).map_err(|e| {
-        format!("bad cron expression {cron:?}: {e} (expected 5 fields, or 6 with leading seconds)")
-    })?;
+/// Parses a cron expression and a zone (empty means UTC).
+pub fn parse(cron: &str, tz: &str) -> Result<(Cron, chrono_tz::Tz), ScheduleError> {
+    let parsed = CronParser::builder()
+        .seconds(Seconds::Optional)
+        .build()
+        .parse(cron)
+        .map_err(|e| ScheduleError::BadCron { cron: cron.to_string(), reason: e.to_string() })?;
     let zone = if tz.is_empty() { "UTC" } else { tz };
-    let tz = chrono_tz::Tz::from_str(zone)
-        .map_err(|_| format!("unknown time zone {zone:?} (expected an IANA name such as Europe/Paris)"))?;
+    let tz = chrono_tz::Tz::from_str(zone).map_err(|_| ScheduleError::UnknownZone(zone.to_string()))?;
     Ok((parsed, tz))
 }
 
@@ -73,11 +87,15 @@ pub fn next_after(cron: &Cron, tz: chrono_tz::Tz, after_ms: i64) -> Option<i64> 
 impl Schedules {
     /// Adds a schedule (new, or loaded from the store). A new one gets its first time after
     /// `now_ms`; a loaded one keeps its stored time, even if that is past (missed).
-    pub fn insert(&mut self, mut record: ScheduleRecord, now_ms: i64) -> Result<&ScheduleRecord, String> {
+    pub fn insert(
+        &mut self,
+        mut record: ScheduleRecord,
+        now_ms: i64,
+    ) -> Result<&ScheduleRecord, ScheduleError> {
         let (cron, tz) = parse(&record.cron, &record.tz)?;
         if record.next_fire_ms == 0 {
-            record.next_fire_ms =
-                next_after(&cron, tz, now_ms).ok_or_else(|| format!("cron {:?} never fires", record.cron))?;
+            record.next_fire_ms = next_after(&cron, tz, now_ms)
+                .ok_or_else(|| ScheduleError::NeverFires(record.cron.clone()))?;
         }
         let id = record.id.clone();
         self.entries.insert(id.clone(), Entry { record, cron, tz });
@@ -153,9 +171,11 @@ mod tests {
     #[test]
     fn bad_cron_and_zone_are_refused_with_a_reason() {
         let e = parse("61 * * * *", "").unwrap_err();
-        assert!(e.contains("bad cron expression"), "{e}");
+        assert!(matches!(e, ScheduleError::BadCron { .. }), "{e:?}");
+        assert!(e.to_string().contains("bad cron expression"), "{e}");
         let e = parse("0 1 * * *", "Mars/Olympus").unwrap_err();
-        assert!(e.contains("unknown time zone"), "{e}");
+        assert_eq!(e, ScheduleError::UnknownZone("Mars/Olympus".into()));
+        assert!(e.to_string().contains("unknown time zone"), "{e}");
         assert!(parse("*/2 * * * * *", "Europe/Paris").is_ok());
     }
 

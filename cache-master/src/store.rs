@@ -1,5 +1,7 @@
-//! Durable master state. Mounts (and later jobs and schedules) live in an embedded redb file,
-//! so a master restart loses nothing; workers re-register and re-report the rest.
+//! Durable master state. Mounts, jobs and schedules live in an embedded redb file, one table
+//! each, as JSON records keyed by path or id, so a master restart loses nothing; workers
+//! re-register and re-report the rest. A record that no longer parses is reported as `Corrupt`
+//! with its key, never skipped silently.
 
 use std::path::Path;
 use std::sync::Mutex;

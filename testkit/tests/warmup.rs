@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use strata_client::{Client, ClientError, JobInfo, JobState, LoadOptions};
+use strata_client::{Client, ClientError, JobInfo, JobState, LoadOptions, ScheduleInfo};
 use strata_common::BlockKey;
 use strata_testkit::{Cluster, ClusterOptions, pattern};
 
@@ -59,24 +59,52 @@ fn small_files(cluster: &Cluster, dir: &str, n: usize, seed: u64) -> Vec<String>
         .collect()
 }
 
-/// Asserts every block of `rel` is held by the first `replicas` owners on the current ring.
-async fn assert_on_owners(client: &Client, rel: &str, replicas: usize) {
+/// What keeps `rel` from having every block on the first `replicas` owners on the current
+/// ring, if anything.
+async fn off_owners(client: &Client, rel: &str, replicas: usize) -> Option<String> {
     let path = format!("/data/{rel}");
     let info = client.stat(&path).await.unwrap();
     let ring = client.ring().await.unwrap();
     let locations = client.block_locations(&path).await.unwrap();
     let blocks = info.size.div_ceil(info.block_size);
-    assert_eq!(locations.blocks.len() as u64, blocks, "{path}: every block cached");
+    if locations.blocks.len() as u64 != blocks {
+        return Some(format!("{path}: {} of {blocks} blocks cached", locations.blocks.len()));
+    }
     for loc in &locations.blocks {
         let hash = BlockKey::new(info.file_id.clone(), info.version.clone(), loc.index).placement_hash();
         let owners: HashSet<String> = ring.owners(hash, replicas).iter().map(|m| m.id.clone()).collect();
         let holders: HashSet<String> = loc.replicas.iter().map(|r| r.worker_id.clone()).collect();
         assert_eq!(owners.len(), replicas);
-        assert!(
-            owners.is_subset(&holders),
-            "{path} block {}: owners {owners:?} held by {holders:?}",
-            loc.index
-        );
+        if !owners.is_subset(&holders) {
+            return Some(format!("{path} block {}: owners {owners:?} held by {holders:?}", loc.index));
+        }
+    }
+    None
+}
+
+/// Waits until every block of each of `rels` is held by the first `replicas` owners on the
+/// current ring. The block map learns of loads with the workers' next heartbeats, so this polls
+/// (with a deadline) instead of sleeping for a guessed number of them.
+async fn wait_on_owners<'a>(client: &Client, rels: impl IntoIterator<Item = &'a String>, replicas: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for rel in rels {
+        while let Some(problem) = off_owners(client, rel, replicas).await {
+            assert!(Instant::now() < deadline, "{problem}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Polls schedule `id` until `pred` holds: its times are the master's to decide.
+async fn wait_schedule(client: &Client, id: &str, pred: impl Fn(&ScheduleInfo) -> bool) -> ScheduleInfo {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = client.list_schedules().await.unwrap().into_iter().find(|s| s.id == id);
+        match info {
+            Some(info) if pred(&info) => return info,
+            info => assert!(Instant::now() < deadline, "schedule {id}: condition never held: {info:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -93,11 +121,6 @@ async fn read_all_from_cache(cluster: &Cluster, client: &Client, rels: &[String]
         .await
         .expect("reads");
     assert_eq!(cluster.ufs_reads(), before, "reads after warmup moved the UFS counter");
-}
-
-async fn settle_block_reports() {
-    // The block map learns of loads with the workers' next heartbeats (every 100 ms here).
-    tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -132,10 +155,7 @@ async fn warmup_of_a_prefix_caches_every_block_on_two_distinct_owners() {
     // Each replica worker fetched each block once.
     assert_eq!(cluster.ufs_reads(), (10_000 + large_blocks) * 2);
 
-    settle_block_reports().await;
-    for rel in rels.iter().step_by(97).chain(rels.iter().rev().take(3)) {
-        assert_on_owners(&client, rel, 2).await;
-    }
+    wait_on_owners(&client, rels.iter().step_by(97).chain(rels.iter().rev().take(3)), 2).await;
     read_all_from_cache(&cluster, &client, &rels).await;
     let outside = client.block_locations("/data/elsewhere/not-loaded.bin").await.unwrap();
     assert!(outside.blocks.is_empty(), "a file outside the prefix was loaded");
@@ -165,7 +185,6 @@ async fn a_master_killed_mid_job_resumes_it_and_finishes() {
     // Blocks loaded before the restart were not fetched again.
     assert!(cluster.ufs_reads() < 300 + 30, "{} UFS reads for 300 blocks", cluster.ufs_reads());
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
-    settle_block_reports().await;
     read_all_from_cache(&cluster, &client, &rels).await;
 }
 
@@ -185,10 +204,7 @@ async fn a_worker_killed_mid_job_has_its_tasks_reassigned() {
     assert_eq!((done.files_done, done.files_failed), (300, 0));
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
     cluster.wait_for_live_workers(2).await;
-    settle_block_reports().await;
-    for rel in rels.iter().step_by(7) {
-        assert_on_owners(&client, rel, 1).await;
-    }
+    wait_on_owners(&client, rels.iter().step_by(7), 1).await;
     read_all_from_cache(&cluster, &client, &rels).await;
 }
 
@@ -208,8 +224,7 @@ async fn verify_loads_a_file_added_after_the_first_pass() {
     assert_eq!(done.state(), JobState::Succeeded, "{done:?}");
     assert_eq!(done.pass, 2);
     assert_eq!(done.blocks_verify_loaded, 4, "the verify pass loaded the late file's 4 blocks");
-    settle_block_reports().await;
-    assert_on_owners(&client, late, 1).await;
+    wait_on_owners(&client, [&late.to_string()], 1).await;
     read_all_from_cache(&cluster, &client, &[late.to_string()]).await;
 }
 
@@ -224,7 +239,7 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
     let schedule = client.add_schedule("* * * * * *", "", "/data/nightly", opts).await.unwrap();
     let started = Instant::now();
-    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    wait_schedule(&client, &schedule.id, |s| s.skipped >= 2).await;
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
 
     let jobs_of = |jobs: Vec<JobInfo>| -> Vec<JobInfo> {
@@ -267,10 +282,16 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     let after = client.list_schedules().await.unwrap();
     assert!(after.iter().any(|s| s.id == schedule.id && s.fired >= info.fired), "schedule lost in a restart");
     client.remove_schedule(&schedule.id).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A witness on the same seconds: one tick decides every due schedule, and ticks never
+    // overlap, so once the witness has decided, any fire of the removed schedule that raced the
+    // removal has landed; two more decisions span times at which it would have fired again.
+    let dry = LoadOptions { dry_run: true, ..Default::default() };
+    let witness = client.add_schedule("* * * * * *", "", "/data/nightly", dry).await.unwrap();
+    wait_schedule(&client, &witness.id, |s| s.fired + s.skipped >= 1).await;
     let count = jobs_of(client.list_jobs(true, 0).await.unwrap()).len();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    wait_schedule(&client, &witness.id, |s| s.fired + s.skipped >= 3).await;
     assert_eq!(jobs_of(client.list_jobs(true, 0).await.unwrap()).len(), count, "fired after unschedule");
+    client.remove_schedule(&witness.id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,0 +1,178 @@
+//! The workers as the master sees them: membership (who is live, at which epoch) and the block
+//! map (who holds what), fed by registrations and heartbeats and aged by the liveness tick.
+//!
+//! Invariant: a worker's blocks leave the block map in the same tick that takes it out of the
+//! live set, and when it registers again (it sends a full report next), so the map does not
+//! go on naming a worker that clients no longer place blocks on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use strata_common::{Member, SharedClock};
+use tracing::{info, warn};
+
+use crate::blockmap::BlockMap;
+use crate::error::OpError;
+use crate::locks::lock;
+use crate::membership::{Membership, WorkerRecord};
+use crate::metrics_defs as m;
+use crate::reports::{BlockReport, Tier, TierUsage, WorkerCounters};
+
+/// One heartbeat of a worker.
+#[derive(Debug, Default)]
+pub struct Heartbeat {
+    pub worker_id: String,
+    pub tiers: Vec<TierUsage>,
+    pub counters: WorkerCounters,
+    pub added: Vec<BlockReport>,
+    pub removed: Vec<BlockReport>,
+    /// `added` is the worker's whole block set: forget what it held before.
+    pub full_report: bool,
+}
+
+/// What the master answers a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatAnswer {
+    /// The worker is unknown or was declared lost: it must register again.
+    pub reregister: bool,
+    pub membership_epoch: u64,
+}
+
+/// A worker in the cluster status.
+pub struct WorkerStatus {
+    pub record: WorkerRecord,
+    pub since_heartbeat: Duration,
+    pub blocks: u64,
+}
+
+pub struct ClusterStatus {
+    pub membership_epoch: u64,
+    pub workers: Vec<WorkerStatus>,
+    pub totals: WorkerCounters,
+    pub blocks: u64,
+}
+
+/// A block's holders: (worker id, its data address, tier).
+pub type Holders = Vec<(String, String, Tier)>;
+
+pub struct Cluster {
+    membership: Mutex<Membership>,
+    blocks: Mutex<BlockMap>,
+    /// Heartbeat times and the liveness timeout are read on this clock.
+    clock: SharedClock,
+}
+
+impl Cluster {
+    /// `first_epoch` should grow across master restarts (see [`Membership::new`]).
+    pub fn new(worker_timeout: Duration, first_epoch: u64, clock: SharedClock) -> Self {
+        Self {
+            membership: Mutex::new(Membership::new(worker_timeout, first_epoch)),
+            blocks: Mutex::new(BlockMap::default()),
+            clock,
+        }
+    }
+
+    pub fn register(&self, id: &str, data_addr: &str, http_addr: &str) -> Result<u64, OpError> {
+        if id.is_empty() || data_addr.parse::<SocketAddr>().is_err() {
+            return Err(OpError::BadWorker);
+        }
+        let epoch = lock(&self.membership).register(id, data_addr, http_addr, self.clock.now());
+        // It will send a full report next: forget what it held before.
+        lock(&self.blocks).drop_worker(id);
+        info!(worker = %id, data_addr = %data_addr, epoch, "worker registered");
+        Ok(epoch)
+    }
+
+    pub fn heartbeat(&self, hb: Heartbeat) -> HeartbeatAnswer {
+        let mut mem = lock(&self.membership);
+        if !mem.heartbeat(&hb.worker_id, self.clock.now()) {
+            return HeartbeatAnswer { reregister: true, membership_epoch: mem.epoch() };
+        }
+        mem.update_stats(&hb.worker_id, hb.tiers, hb.counters);
+        let epoch = mem.epoch();
+        drop(mem);
+        let mut blocks = lock(&self.blocks);
+        if hb.full_report {
+            blocks.drop_worker(&hb.worker_id);
+        }
+        for r in &hb.added {
+            blocks.add(&hb.worker_id, r);
+        }
+        for r in &hb.removed {
+            blocks.remove(&hb.worker_id, r);
+        }
+        metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
+        HeartbeatAnswer { reregister: false, membership_epoch: epoch }
+    }
+
+    /// Declares silent workers lost and drops their blocks.
+    pub fn tick(&self) {
+        let lost = lock(&self.membership).tick(self.clock.now());
+        if !lost.is_empty() {
+            let mut blocks = lock(&self.blocks);
+            for id in &lost {
+                warn!(worker = %id, "worker lost: no heartbeat within the timeout");
+                blocks.drop_worker(id);
+            }
+            metrics::counter!(m::WORKERS_LOST).increment(lost.len() as u64);
+            metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
+        }
+        metrics::gauge!(m::LIVE_WORKERS).set(lock(&self.membership).live_members().len() as f64);
+    }
+
+    /// The live set and its epoch, read together.
+    pub fn live(&self) -> (u64, Vec<Member>) {
+        let mem = lock(&self.membership);
+        (mem.epoch(), mem.live_members())
+    }
+
+    pub fn live_count(&self) -> usize {
+        lock(&self.membership).live_members().len()
+    }
+
+    /// Holders of each cached block of one version of a file, by block index.
+    pub fn block_locations(&self, file_id: &str, version: &str) -> BTreeMap<u64, Holders> {
+        let addrs: HashMap<String, String> =
+            lock(&self.membership).workers().map(|w| (w.id.clone(), w.data_addr.clone())).collect();
+        let locations = lock(&self.blocks).locations(file_id, version);
+        locations
+            .into_iter()
+            .map(|(index, holders)| {
+                let holders = holders
+                    .into_iter()
+                    .map(|(worker, tier)| {
+                        let addr = addrs.get(&worker).cloned().unwrap_or_default();
+                        (worker, addr, tier)
+                    })
+                    .collect();
+                (index, holders)
+            })
+            .collect()
+    }
+
+    /// The workers holding each cached block of one version of a file, by block index.
+    pub fn holders(&self, file_id: &str, version: &str) -> BTreeMap<u64, Vec<(String, Tier)>> {
+        lock(&self.blocks).locations(file_id, version)
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        let mem = lock(&self.membership);
+        let blocks = lock(&self.blocks);
+        let now = self.clock.now();
+        let mut totals = WorkerCounters::default();
+        let workers = mem
+            .workers()
+            .map(|w| {
+                totals.add(&w.counters);
+                WorkerStatus {
+                    record: w.clone(),
+                    since_heartbeat: now.saturating_duration_since(w.last_heartbeat),
+                    blocks: blocks.worker_blocks(&w.id),
+                }
+            })
+            .collect();
+        ClusterStatus { membership_epoch: mem.epoch(), workers, totals, blocks: blocks.total_blocks() }
+    }
+}

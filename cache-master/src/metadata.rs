@@ -1,0 +1,310 @@
+//! The namespace side of the master: the mount table (durable in the store) and a cache of the
+//! UFS's stats and listings in front of it. Every Strata path is resolved here.
+//!
+//! Invariants:
+//! - a mount is in the store before it is visible in the table, and leaves the store before
+//!   it leaves the table; every change bumps the mounts epoch workers follow;
+//! - a cached stat or listing is served only while younger than its mount's `metadata_ttl`
+//!   (zero: never cached), and a change made through the master (delete, mkdir, unmount)
+//!   forgets what it made stale before it returns.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use moka::future::Cache;
+use strata_common::{SharedClock, block, path};
+use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory};
+use tracing::info;
+
+use crate::error::OpError;
+use crate::locks::{lock, read, write};
+use crate::metrics_defs as m;
+use crate::mounts::{Mount, MountError, MountRecord, MountTable};
+use crate::store::MetaStore;
+
+/// A Strata path and where it lives.
+pub struct Resolved {
+    /// The normalised Strata path.
+    pub path: String,
+    pub mount: Arc<Mount>,
+    /// The path relative to the mount's UFS root ("" for the mount point).
+    pub rel: String,
+}
+
+impl Resolved {
+    /// The identity blocks of this file are keyed by (see `strata_common::block`).
+    pub fn file_id(&self) -> String {
+        block::file_identity(&self.mount.record.uri, &self.rel, self.mount.block_size)
+    }
+}
+
+/// One entry of a listing: a Strata path with its UFS metadata.
+pub struct Entry {
+    pub path: String,
+    pub rel: String,
+    pub meta: ObjectMeta,
+}
+
+struct Cached<T> {
+    at: Instant,
+    value: T,
+}
+
+pub struct Metadata {
+    mounts: RwLock<MountTable>,
+    mounts_epoch: Mutex<u64>,
+    factory: Arc<dyn UfsFactory>,
+    store: Arc<dyn MetaStore>,
+    stats: Cache<String, Arc<Cached<ObjectMeta>>>,
+    lists: Cache<String, Arc<Cached<Vec<UfsEntry>>>>,
+    /// Cached entries age on this clock.
+    clock: SharedClock,
+}
+
+/// What [`Metadata::new`] starts from.
+pub struct MetadataParams {
+    pub mounts: MountTable,
+    /// Should grow across restarts, like the membership epoch.
+    pub first_epoch: u64,
+    pub factory: Arc<dyn UfsFactory>,
+    pub store: Arc<dyn MetaStore>,
+    /// Stats kept; listings get a tenth of it.
+    pub cache_entries: u64,
+    pub clock: SharedClock,
+}
+
+impl Metadata {
+    pub fn new(p: MetadataParams) -> Self {
+        metrics::gauge!(m::MOUNTS).set(p.mounts.len() as f64);
+        Self {
+            mounts: RwLock::new(p.mounts),
+            mounts_epoch: Mutex::new(p.first_epoch),
+            factory: p.factory,
+            store: p.store,
+            stats: Cache::builder().max_capacity(p.cache_entries).build(),
+            lists: Cache::builder().max_capacity(p.cache_entries / 10 + 1).build(),
+            clock: p.clock,
+        }
+    }
+
+    fn fresh<T>(&self, hit: &Cached<T>, mount: &Mount) -> bool {
+        self.clock.now().saturating_duration_since(hit.at) < mount.metadata_ttl
+    }
+
+    fn cached<T>(&self, value: T) -> Arc<Cached<T>> {
+        Arc::new(Cached { at: self.clock.now(), value })
+    }
+
+    pub fn resolve(&self, raw: &str) -> Result<Resolved, OpError> {
+        let p = path::normalize(raw)?;
+        let (mount, rel) = read(&self.mounts).resolve(&p).ok_or_else(|| OpError::NoMount(p.clone()))?;
+        Ok(Resolved { path: p, mount, rel })
+    }
+
+    /// A path's metadata: from the cache while fresh (unless `sync`), else from the UFS.
+    pub async fn stat(&self, raw: &str, sync: bool) -> Result<(Resolved, ObjectMeta), OpError> {
+        let r = self.resolve(raw)?;
+        let cached = if sync { None } else { self.stats.get(&r.path).await };
+        if let Some(hit) = cached.filter(|hit| self.fresh(hit, &r.mount)) {
+            metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
+            return Ok((r, hit.value.clone()));
+        }
+        metrics::counter!(m::METADATA_CACHE, "result" => "miss").increment(1);
+        let meta = if r.rel.is_empty() {
+            // The mount point itself is a directory even if the UFS root has no entry.
+            ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 }
+        } else {
+            match r.mount.ufs.stat(&r.rel).await {
+                Ok(meta) => meta,
+                Err(e) => {
+                    self.stats.invalidate(&r.path).await;
+                    return Err(OpError::ufs(&r.path, e));
+                }
+            }
+        };
+        if !r.mount.metadata_ttl.is_zero() {
+            self.stats.insert(r.path.clone(), self.cached(meta.clone())).await;
+        }
+        Ok((r, meta))
+    }
+
+    /// A directory's entries (from the cache while fresh, unless `sync`), or a file as its own
+    /// single entry, as `ls` does.
+    pub async fn list(&self, raw: &str, sync: bool) -> Result<(Arc<Mount>, Vec<Entry>), OpError> {
+        let (r, meta) = self.stat(raw, sync).await?;
+        if !meta.is_dir {
+            return Ok((r.mount, vec![Entry { path: r.path, rel: r.rel, meta }]));
+        }
+        let cached = if sync { None } else { self.lists.get(&r.path).await };
+        let listing = match cached {
+            Some(hit) if self.fresh(&hit, &r.mount) => hit,
+            _ => {
+                let entries = r.mount.ufs.list(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
+                let fresh = self.cached(entries);
+                if !r.mount.metadata_ttl.is_zero() {
+                    self.lists.insert(r.path.clone(), fresh.clone()).await;
+                }
+                fresh
+            }
+        };
+        let entries = listing
+            .value
+            .iter()
+            .map(|e| Entry {
+                path: path::join(&r.path, &e.name),
+                rel: if r.rel.is_empty() { e.name.clone() } else { format!("{}/{}", r.rel, e.name) },
+                meta: e.meta.clone(),
+            })
+            .collect();
+        Ok((r.mount, entries))
+    }
+
+    /// The metadata a load job loads a listed file at: what clients will be told by `stat`. A
+    /// fresh cached stat wins over the listing (clients read that version until the TTL ends);
+    /// with `refresh`, or without one, the listing's metadata becomes the cached stat.
+    pub async fn listed_meta(
+        &self,
+        strata_path: &str,
+        listed: ObjectMeta,
+        refresh: bool,
+        mount: &Mount,
+    ) -> ObjectMeta {
+        if !refresh
+            && let Some(hit) = self.stats.get(strata_path).await
+            && self.fresh(&hit, mount)
+        {
+            return hit.value.clone();
+        }
+        if !mount.metadata_ttl.is_zero() {
+            self.stats.insert(strata_path.to_string(), self.cached(listed.clone())).await;
+        }
+        listed
+    }
+
+    /// A path on a mount that may be written through Strata (`mode=write-through`).
+    fn writable(&self, raw: &str) -> Result<Resolved, OpError> {
+        let r = self.resolve(raw)?;
+        if r.mount.read_only || r.mount.ufs.as_write().is_none() {
+            return Err(OpError::ReadOnly { path: r.path, mount: r.mount.record.path.clone() });
+        }
+        Ok(r)
+    }
+
+    fn read_only(r: &Resolved) -> OpError {
+        OpError::ReadOnly { path: r.path.clone(), mount: r.mount.record.path.clone() }
+    }
+
+    pub async fn delete(&self, raw: &str, recursive: bool) -> Result<(), OpError> {
+        let r = self.writable(raw)?;
+        if r.rel.is_empty() {
+            return Err(OpError::MountPoint(r.path));
+        }
+        let meta = r.mount.ufs.stat(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
+        let ufs = r.mount.ufs.as_write().ok_or_else(|| Self::read_only(&r))?;
+        let result = ufs.delete(&r.rel, meta.is_dir, recursive).await;
+        self.forget(&r.path, meta.is_dir).await;
+        result.map_err(|e| OpError::ufs(&r.path, e))?;
+        info!(path = %r.path, dir = meta.is_dir, "deleted");
+        Ok(())
+    }
+
+    pub async fn mkdir(&self, raw: &str) -> Result<(), OpError> {
+        let r = self.writable(raw)?;
+        if r.rel.is_empty() {
+            return Ok(());
+        }
+        match r.mount.ufs.stat(&r.rel).await {
+            Ok(meta) if !meta.is_dir => return Err(OpError::FileExists(r.path)),
+            Ok(_) => return Ok(()),
+            Err(_) => {}
+        }
+        let ufs = r.mount.ufs.as_write().ok_or_else(|| Self::read_only(&r))?;
+        let result = ufs.create_dir(&r.rel).await;
+        self.forget(&r.path, false).await;
+        result.map_err(|e| OpError::ufs(&r.path, e))
+    }
+
+    /// Forgets what the cache knows of a path (and of its parents' listings).
+    pub async fn invalidate(&self, raw: &str) -> Result<(), OpError> {
+        let r = self.resolve(raw)?;
+        self.forget(&r.path, false).await;
+        Ok(())
+    }
+
+    /// Forgets cached metadata a change at `p` makes stale: its own, and the listings (and
+    /// stats: an object store's directory exists only while it has children) of its parents.
+    async fn forget(&self, p: &str, subtree: bool) {
+        if subtree {
+            self.stats.invalidate_all();
+            self.lists.invalidate_all();
+            return;
+        }
+        self.stats.invalidate(p).await;
+        self.lists.invalidate(p).await;
+        let mut cur = p;
+        while let Some((parent, _)) = cur.rsplit_once('/') {
+            let parent = if parent.is_empty() { "/" } else { parent };
+            self.stats.invalidate(parent).await;
+            self.lists.invalidate(parent).await;
+            if parent == "/" {
+                break;
+            }
+            cur = parent;
+        }
+    }
+
+    /// Validates a new mount, reaches its UFS once, stores it, then shows it.
+    pub async fn add_mount(&self, record: MountRecord) -> Result<Arc<Mount>, OpError> {
+        let mount = Mount::open(record, self.factory.as_ref())?;
+        read(&self.mounts).check_new(&mount)?;
+        // Reach the UFS once now, so a wrong root fails here and not at the first read.
+        if let Err(source) = mount.ufs.stat("").await {
+            let (path, uri) = (mount.record.path.clone(), mount.record.uri.clone());
+            return Err(MountError::Ufs { path, uri, source }.into());
+        }
+        let mount = {
+            let mut table = write(&self.mounts);
+            // Checked again under the write lock: another add may have raced us.
+            table.check_new(&mount)?;
+            self.store.put_mount(&mount.record)?;
+            info!(mount = %mount.record.path, uri = %mount.record.uri, "mount added");
+            let mount = table.insert(mount);
+            metrics::gauge!(m::MOUNTS).set(table.len() as f64);
+            mount
+        };
+        *lock(&self.mounts_epoch) += 1;
+        Ok(mount)
+    }
+
+    pub fn remove_mount(&self, raw: &str) -> Result<(), OpError> {
+        let p = path::normalize(raw)?;
+        {
+            let mut table = write(&self.mounts);
+            if table.resolve(&p).is_none_or(|(m, rel)| !rel.is_empty() || m.record.path != p) {
+                return Err(MountError::NotMounted(p).into());
+            }
+            self.store.delete_mount(&p)?;
+            table.remove(&p);
+            metrics::gauge!(m::MOUNTS).set(table.len() as f64);
+            info!(mount = %p, "mount removed");
+        }
+        self.stats.invalidate_all();
+        self.lists.invalidate_all();
+        *lock(&self.mounts_epoch) += 1;
+        Ok(())
+    }
+
+    /// The mount table and its epoch.
+    pub fn mounts(&self) -> (u64, Vec<Arc<Mount>>) {
+        let table = read(&self.mounts);
+        (self.mounts_epoch(), table.iter().cloned().collect())
+    }
+
+    pub fn mounts_epoch(&self) -> u64 {
+        *lock(&self.mounts_epoch)
+    }
+
+    pub fn mount_count(&self) -> usize {
+        read(&self.mounts).len()
+    }
+}

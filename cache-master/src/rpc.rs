@@ -1,0 +1,530 @@
+//! The gRPC adapter: each handler counts the request, translates protobuf into the master's own
+//! types, calls the metadata, the cluster or the job runner, and translates back. Errors leave
+//! through [`status`], the one place an [`OpError`] becomes a `tonic::Status` (keeping its
+//! kind). No decision is made here; protobuf types go no deeper than this file.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_proto as pb;
+use strata_proto::master_server::Master as MasterRpc;
+use strata_ufs::{ObjectMeta, redact_options};
+use tonic::{Request, Response, Status};
+
+use crate::cluster::{Cluster, Heartbeat};
+use crate::error::OpError;
+use crate::jobs::{JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
+use crate::metadata::Metadata;
+use crate::metrics_defs as m;
+use crate::mounts::{Mount, MountRecord};
+use crate::reports::{BlockReport, Tier, TierUsage, WorkerCounters};
+use crate::runner::JobRunner;
+use crate::schedule::ScheduleRecord;
+
+type RpcResult<T> = Result<Response<T>, Status>;
+
+/// Counts a failed request and maps its error to a status with the same kind.
+fn status(rpc: &'static str) -> impl Fn(OpError) -> Status {
+    move |e| {
+        let kind = e.kind();
+        metrics::counter!(m::RPC_ERRORS, "rpc" => rpc, "kind" => kind.as_str()).increment(1);
+        strata_proto::status(kind, e.to_string())
+    }
+}
+
+fn count(rpc: &'static str) {
+    metrics::counter!(m::RPC_REQUESTS, "rpc" => rpc).increment(1);
+}
+
+#[derive(Clone)]
+pub struct Rpc {
+    pub metadata: Arc<Metadata>,
+    pub cluster: Arc<Cluster>,
+    pub jobs: Arc<JobRunner>,
+    /// Told to each worker when it registers.
+    pub heartbeat_interval_ms: u64,
+}
+
+#[tonic::async_trait]
+impl MasterRpc for Rpc {
+    async fn get_membership(&self, _: Request<pb::Empty>) -> RpcResult<pb::Membership> {
+        count("get_membership");
+        let (epoch, members) = self.cluster.live();
+        let workers = members.into_iter().map(|w| pb::Member { id: w.id, data_addr: w.data_addr }).collect();
+        Ok(Response::new(pb::Membership { epoch, workers }))
+    }
+
+    async fn list_mounts(&self, _: Request<pb::Empty>) -> RpcResult<pb::MountList> {
+        count("list_mounts");
+        Ok(Response::new(self.mount_list(false)))
+    }
+
+    async fn add_mount(&self, req: Request<pb::AddMountRequest>) -> RpcResult<pb::MountInfo> {
+        const RPC: &str = "add_mount";
+        count(RPC);
+        let req = req.into_inner();
+        let record = MountRecord { path: req.path, uri: req.uri, options: req.options.into_iter().collect() };
+        let mount = self.metadata.add_mount(record).await.map_err(status(RPC))?;
+        Ok(Response::new(mount_info(&mount, false)))
+    }
+
+    async fn remove_mount(&self, req: Request<pb::RemoveMountRequest>) -> RpcResult<pb::Empty> {
+        const RPC: &str = "remove_mount";
+        count(RPC);
+        self.metadata.remove_mount(&req.into_inner().path).map_err(status(RPC))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn stat(&self, req: Request<pb::StatRequest>) -> RpcResult<pb::FileStatus> {
+        const RPC: &str = "stat";
+        count(RPC);
+        let req = req.into_inner();
+        let (r, meta) = self.metadata.stat(&req.path, req.sync).await.map_err(status(RPC))?;
+        Ok(Response::new(file_status(&r.path, &r.mount, &r.rel, &meta)))
+    }
+
+    async fn list(&self, req: Request<pb::ListRequest>) -> RpcResult<pb::ListResponse> {
+        const RPC: &str = "list";
+        count(RPC);
+        let req = req.into_inner();
+        let (mount, entries) = self.metadata.list(&req.path, req.sync).await.map_err(status(RPC))?;
+        let entries = entries.iter().map(|e| file_status(&e.path, &mount, &e.rel, &e.meta)).collect();
+        Ok(Response::new(pb::ListResponse { entries }))
+    }
+
+    async fn delete(&self, req: Request<pb::DeleteRequest>) -> RpcResult<pb::Empty> {
+        const RPC: &str = "delete";
+        count(RPC);
+        let req = req.into_inner();
+        self.metadata.delete(&req.path, req.recursive).await.map_err(status(RPC))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> RpcResult<pb::Empty> {
+        const RPC: &str = "mkdir";
+        count(RPC);
+        self.metadata.mkdir(&req.into_inner().path).await.map_err(status(RPC))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn invalidate(&self, req: Request<pb::InvalidateRequest>) -> RpcResult<pb::Empty> {
+        const RPC: &str = "invalidate";
+        count(RPC);
+        self.metadata.invalidate(&req.into_inner().path).await.map_err(status(RPC))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn get_block_locations(
+        &self,
+        req: Request<pb::BlockLocationsRequest>,
+    ) -> RpcResult<pb::BlockLocations> {
+        const RPC: &str = "get_block_locations";
+        count(RPC);
+        let (r, meta) = self.metadata.stat(&req.into_inner().path, false).await.map_err(status(RPC))?;
+        if meta.is_dir {
+            return Err(status(RPC)(OpError::IsDirectory(r.path)));
+        }
+        let blocks = self
+            .cluster
+            .block_locations(&r.file_id(), &meta.version)
+            .into_iter()
+            .map(|(index, holders)| pb::BlockLocation {
+                index,
+                replicas: holders
+                    .into_iter()
+                    .map(|(worker_id, data_addr, tier)| pb::Replica {
+                        worker_id,
+                        data_addr,
+                        tier: proto_tier(tier) as i32,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(Response::new(pb::BlockLocations { path: r.path, version: meta.version, blocks }))
+    }
+
+    async fn status(&self, _: Request<pb::Empty>) -> RpcResult<pb::ClusterStatus> {
+        count("status");
+        let status = self.cluster.status();
+        let workers = status
+            .workers
+            .into_iter()
+            .map(|w| pb::WorkerStatus {
+                last_heartbeat_ms_ago: w.since_heartbeat.as_millis() as u64,
+                tiers: w.record.tiers.iter().map(proto_tier_usage).collect(),
+                counters: Some(proto_counters(&w.record.counters)),
+                blocks: w.blocks,
+                id: w.record.id,
+                data_addr: w.record.data_addr,
+                http_addr: w.record.http_addr,
+                live: w.record.live,
+            })
+            .collect();
+        Ok(Response::new(pb::ClusterStatus {
+            membership_epoch: status.membership_epoch,
+            workers,
+            totals: Some(proto_counters(&status.totals)),
+            blocks: status.blocks,
+            mounts: self.metadata.mount_count() as u64,
+        }))
+    }
+
+    async fn register_worker(
+        &self,
+        req: Request<pb::RegisterWorkerRequest>,
+    ) -> RpcResult<pb::RegisterWorkerResponse> {
+        const RPC: &str = "register_worker";
+        count(RPC);
+        let req = req.into_inner();
+        let epoch =
+            self.cluster.register(&req.worker_id, &req.data_addr, &req.http_addr).map_err(status(RPC))?;
+        Ok(Response::new(pb::RegisterWorkerResponse {
+            membership_epoch: epoch,
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+            mounts_epoch: self.metadata.mounts_epoch(),
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> RpcResult<pb::HeartbeatResponse> {
+        count("heartbeat");
+        let req = req.into_inner();
+        let mounts_epoch = self.metadata.mounts_epoch();
+        let answer = self.cluster.heartbeat(Heartbeat {
+            worker_id: req.worker_id,
+            tiers: req.tiers.iter().map(tier_usage).collect(),
+            counters: req.counters.as_ref().map(counters).unwrap_or_default(),
+            added: req.added.iter().map(block_report).collect(),
+            removed: req.removed.iter().map(block_report).collect(),
+            full_report: req.full_report,
+        });
+        Ok(Response::new(pb::HeartbeatResponse {
+            reregister: answer.reregister,
+            membership_epoch: answer.membership_epoch,
+            mounts_epoch,
+        }))
+    }
+
+    async fn worker_mounts(&self, _: Request<pb::WorkerMountsRequest>) -> RpcResult<pb::MountList> {
+        count("worker_mounts");
+        Ok(Response::new(self.mount_list(true)))
+    }
+
+    async fn submit_load(&self, req: Request<pb::SubmitLoadRequest>) -> RpcResult<pb::JobInfo> {
+        const RPC: &str = "submit_load";
+        count(RPC);
+        let req = req.into_inner();
+        let settings = load_settings(req.options.unwrap_or_default());
+        let info = self.jobs.submit(&req.path, settings, "").await.map_err(status(RPC))?;
+        Ok(Response::new(job_info(info)))
+    }
+
+    async fn get_job(&self, req: Request<pb::JobId>) -> RpcResult<pb::JobInfo> {
+        const RPC: &str = "get_job";
+        count(RPC);
+        let info = self.jobs.info(&req.into_inner().id).map_err(status(RPC))?;
+        Ok(Response::new(job_info(info)))
+    }
+
+    async fn list_jobs(&self, req: Request<pb::ListJobsRequest>) -> RpcResult<pb::JobList> {
+        count("list_jobs");
+        let req = req.into_inner();
+        let limit = if req.limit == 0 { usize::MAX } else { req.limit as usize };
+        let jobs = self.jobs.list(req.finished, limit).into_iter().map(job_info).collect();
+        Ok(Response::new(pb::JobList { jobs }))
+    }
+
+    async fn cancel_job(&self, req: Request<pb::JobId>) -> RpcResult<pb::JobInfo> {
+        const RPC: &str = "cancel_job";
+        count(RPC);
+        let info = self.jobs.cancel(&req.into_inner().id).map_err(status(RPC))?;
+        Ok(Response::new(job_info(info)))
+    }
+
+    async fn add_schedule(&self, req: Request<pb::ScheduleRequest>) -> RpcResult<pb::ScheduleInfo> {
+        const RPC: &str = "add_schedule";
+        count(RPC);
+        let req = req.into_inner();
+        let settings = load_settings(req.options.unwrap_or_default());
+        let record =
+            self.jobs.add_schedule(&req.cron, &req.tz, &req.path, settings).await.map_err(status(RPC))?;
+        Ok(Response::new(schedule_info(&record)))
+    }
+
+    async fn list_schedules(&self, _: Request<pb::Empty>) -> RpcResult<pb::ScheduleList> {
+        count("list_schedules");
+        let schedules = self.jobs.schedules().iter().map(schedule_info).collect();
+        Ok(Response::new(pb::ScheduleList { schedules }))
+    }
+
+    async fn remove_schedule(&self, req: Request<pb::ScheduleId>) -> RpcResult<pb::Empty> {
+        const RPC: &str = "remove_schedule";
+        count(RPC);
+        self.jobs.remove_schedule(&req.into_inner().id).map_err(status(RPC))?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn fetch_load_tasks(&self, req: Request<pb::FetchLoadTasksRequest>) -> RpcResult<pb::LoadTasks> {
+        let req = req.into_inner();
+        let wait = Duration::from_millis(req.wait_ms);
+        let tasks = self.jobs.fetch_tasks(&req.worker_id, req.max as usize, wait).await;
+        Ok(Response::new(pb::LoadTasks { tasks: tasks.into_iter().map(load_task).collect() }))
+    }
+
+    async fn report_load_tasks(
+        &self,
+        req: Request<pb::ReportLoadTasksRequest>,
+    ) -> RpcResult<pb::ReportLoadTasksResponse> {
+        let req = req.into_inner();
+        let results: Vec<LoadTaskResult> = req.results.iter().map(load_task_result).collect();
+        let running_jobs = self.jobs.report(&req.worker_id, &results);
+        Ok(Response::new(pb::ReportLoadTasksResponse { running_jobs }))
+    }
+}
+
+impl Rpc {
+    fn mount_list(&self, with_secrets: bool) -> pb::MountList {
+        let (epoch, mounts) = self.metadata.mounts();
+        pb::MountList { epoch, mounts: mounts.iter().map(|m| mount_info(m, with_secrets)).collect() }
+    }
+}
+
+// ---- own types <-> protobuf ----
+
+fn file_status(path: &str, mount: &Mount, rel: &str, meta: &ObjectMeta) -> pb::FileStatus {
+    pb::FileStatus {
+        path: path.to_string(),
+        is_dir: meta.is_dir,
+        size: meta.size,
+        version: meta.version.clone(),
+        mtime_ms: meta.mtime_ms,
+        block_size: mount.block_size,
+        file_id: if meta.is_dir {
+            String::new()
+        } else {
+            strata_common::block::file_identity(&mount.record.uri, rel, mount.block_size)
+        },
+    }
+}
+
+/// A mount as clients see it (credentials redacted) or as workers need it (`with_secrets`).
+fn mount_info(mount: &Mount, with_secrets: bool) -> pb::MountInfo {
+    let options =
+        if with_secrets { mount.record.options.clone() } else { redact_options(&mount.record.options) };
+    pb::MountInfo {
+        path: mount.record.path.clone(),
+        uri: mount.record.uri.clone(),
+        options: options.into_iter().collect(),
+        block_size: mount.block_size,
+        metadata_ttl_ms: mount.metadata_ttl.as_millis() as u64,
+    }
+}
+
+fn tier(t: i32) -> Tier {
+    match pb::Tier::try_from(t) {
+        Ok(pb::Tier::Memory) => Tier::Memory,
+        Ok(pb::Tier::Nvme) => Tier::Nvme,
+        _ => Tier::Unspecified,
+    }
+}
+
+fn proto_tier(t: Tier) -> pb::Tier {
+    match t {
+        Tier::Unspecified => pb::Tier::Unspecified,
+        Tier::Memory => pb::Tier::Memory,
+        Tier::Nvme => pb::Tier::Nvme,
+    }
+}
+
+fn tier_usage(u: &pb::TierUsage) -> TierUsage {
+    TierUsage {
+        tier: tier(u.tier),
+        capacity_bytes: u.capacity_bytes,
+        used_bytes: u.used_bytes,
+        blocks: u.blocks,
+    }
+}
+
+fn proto_tier_usage(u: &TierUsage) -> pb::TierUsage {
+    pb::TierUsage {
+        tier: proto_tier(u.tier) as i32,
+        capacity_bytes: u.capacity_bytes,
+        used_bytes: u.used_bytes,
+        blocks: u.blocks,
+    }
+}
+
+fn counters(c: &pb::WorkerCounters) -> WorkerCounters {
+    WorkerCounters {
+        cache_hits: c.cache_hits,
+        cache_misses: c.cache_misses,
+        ufs_reads: c.ufs_reads,
+        ufs_bytes_read: c.ufs_bytes_read,
+        bytes_served: c.bytes_served,
+        corrupt_blocks: c.corrupt_blocks,
+    }
+}
+
+fn proto_counters(c: &WorkerCounters) -> pb::WorkerCounters {
+    pb::WorkerCounters {
+        cache_hits: c.cache_hits,
+        cache_misses: c.cache_misses,
+        ufs_reads: c.ufs_reads,
+        ufs_bytes_read: c.ufs_bytes_read,
+        bytes_served: c.bytes_served,
+        corrupt_blocks: c.corrupt_blocks,
+    }
+}
+
+fn block_report(r: &pb::BlockReport) -> BlockReport {
+    BlockReport { file_id: r.file_id.clone(), version: r.version.clone(), index: r.index, tier: tier(r.tier) }
+}
+
+fn load_settings(o: pb::LoadOptions) -> LoadSettings {
+    LoadSettings {
+        replicas: o.replicas.max(1),
+        bandwidth: o.bandwidth,
+        parallelism: o.parallelism,
+        include: o.include,
+        exclude: o.exclude,
+        skip_cached: o.skip_cached,
+        verify: o.verify,
+        sync: o.sync,
+        dry_run: o.dry_run,
+        metadata_only: o.metadata_only,
+    }
+}
+
+fn load_options(s: &LoadSettings) -> pb::LoadOptions {
+    pb::LoadOptions {
+        replicas: s.replicas,
+        bandwidth: s.bandwidth,
+        parallelism: s.parallelism,
+        include: s.include.clone(),
+        exclude: s.exclude.clone(),
+        skip_cached: s.skip_cached,
+        verify: s.verify,
+        sync: s.sync,
+        dry_run: s.dry_run,
+        metadata_only: s.metadata_only,
+    }
+}
+
+fn job_state(p: Phase) -> pb::JobState {
+    match p {
+        Phase::Running => pb::JobState::Running,
+        Phase::Succeeded => pb::JobState::Succeeded,
+        Phase::Failed => pb::JobState::Failed,
+        Phase::Cancelled => pb::JobState::Cancelled,
+    }
+}
+
+fn job_info(j: JobInfo) -> pb::JobInfo {
+    let p = j.progress;
+    pb::JobInfo {
+        id: j.id,
+        path: j.path,
+        options: Some(load_options(&j.settings)),
+        state: job_state(j.phase) as i32,
+        pass: j.pass,
+        listing_done: j.listing_done,
+        files_total: p.files_total,
+        files_done: p.files_done,
+        bytes_total: p.bytes_total,
+        bytes_done: p.bytes_done,
+        blocks_total: p.blocks_total,
+        blocks_done: p.blocks_done,
+        blocks_already_cached: p.blocks_already_cached,
+        blocks_verify_loaded: p.blocks_verify_loaded,
+        files_failed: p.files_failed,
+        failures: j
+            .failures
+            .into_iter()
+            .map(|f| pb::FileFailure { path: f.path, reason: f.reason })
+            .collect(),
+        created_ms: j.created_ms,
+        finished_ms: j.finished_ms,
+        schedule_id: j.schedule_id,
+        resumed: j.resumed,
+        task_retries: p.task_retries,
+    }
+}
+
+fn load_task(t: LoadTask) -> pb::LoadTask {
+    pb::LoadTask {
+        task_id: t.task_id,
+        job_id: t.job_id,
+        path: t.path,
+        version: t.version,
+        file_size: t.file_size,
+        block_size: t.block_size,
+        index: t.index,
+        bandwidth: t.bandwidth,
+        parallelism: t.parallelism,
+    }
+}
+
+fn load_task_result(r: &pb::LoadTaskResult) -> LoadTaskResult {
+    LoadTaskResult {
+        task_id: r.task_id,
+        job_id: r.job_id.clone(),
+        ok: r.ok,
+        already_cached: r.already_cached,
+        error: r.error.clone(),
+        temporary: r.temporary,
+    }
+}
+
+fn schedule_info(r: &ScheduleRecord) -> pb::ScheduleInfo {
+    pb::ScheduleInfo {
+        id: r.id.clone(),
+        cron: r.cron.clone(),
+        tz: r.tz.clone(),
+        path: r.path.clone(),
+        options: Some(load_options(&r.settings)),
+        next_fire_ms: r.next_fire_ms,
+        last_job_id: r.last_job_id.clone(),
+        fired: r.fired,
+        skipped: r.skipped,
+        created_ms: r.created_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_keep_their_kind_through_the_status() {
+        for (e, kind) in [
+            (OpError::NoJob("j".into()), strata_common::ErrorKind::NotFound),
+            (OpError::TooManyReplicas { replicas: 4, live: 3 }, strata_common::ErrorKind::InvalidArgument),
+            (
+                OpError::ReadOnly { path: "/d/a".into(), mount: "/d".into() },
+                strata_common::ErrorKind::PermissionDenied,
+            ),
+            (OpError::IsDirectory("/d".into()), strata_common::ErrorKind::IsDirectory),
+        ] {
+            let message = e.to_string();
+            let s = status("test")(e);
+            assert_eq!(strata_proto::kind_of(&s), kind);
+            assert_eq!(s.message(), message);
+        }
+    }
+
+    #[test]
+    fn options_round_trip_and_replicas_default_to_one() {
+        let o = pb::LoadOptions {
+            replicas: 0,
+            include: vec!["*.bin".into()],
+            verify: true,
+            ..Default::default()
+        };
+        let s = load_settings(o.clone());
+        assert_eq!(s.replicas, 1);
+        assert_eq!(load_options(&s), pb::LoadOptions { replicas: 1, ..o });
+        for t in [Tier::Unspecified, Tier::Memory, Tier::Nvme] {
+            assert_eq!(tier(proto_tier(t) as i32), t);
+        }
+        assert_eq!(tier(99), Tier::Unspecified);
+    }
+}

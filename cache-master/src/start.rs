@@ -1,0 +1,312 @@
+//! Starting and stopping a master, step by step: open the store; load the mounts, jobs and
+//! schedules it holds; build the state (metadata, cluster, job runner); bind the gRPC and HTTP
+//! servers; spawn the background loops; resume the jobs that were running.
+//!
+//! Invariant: nothing is served before the durable state is loaded, and a job that was running
+//! is counted as resumed in the store before its runner starts.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_common::background::spawn_loop;
+use strata_common::{SharedClock, clock};
+use strata_proto::master_server::MasterServer;
+use strata_ufs::UfsFactory;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::cluster::Cluster;
+use crate::config::MasterConfig;
+use crate::jobs::Jobs;
+use crate::metadata::{Metadata, MetadataParams};
+use crate::mounts::{Mount, MountTable};
+use crate::rpc::Rpc;
+use crate::runner::{JobRunner, RunnerParams};
+use crate::schedule::Schedules;
+use crate::store::{MetaStore, RedbStore, StoreError};
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MasterError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
+pub struct MasterHandle {
+    pub rpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    store: Arc<dyn MetaStore>,
+    runner: Arc<JobRunner>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MasterHandle {
+    /// Stops serving, closes connections and releases the store.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.runner.shutdown().await;
+        for task in self.tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        self.store.close();
+    }
+}
+
+pub struct Master;
+
+impl Master {
+    /// Opens the store, loads the mounts, binds both ports and starts serving.
+    pub async fn start(
+        config: MasterConfig,
+        factory: Arc<dyn UfsFactory>,
+    ) -> Result<MasterHandle, MasterError> {
+        Self::start_with_clock(config, factory, clock::system()).await
+    }
+
+    /// [`start`](Self::start) with every decision by elapsed time (worker liveness, metadata
+    /// TTLs, task leases, schedules) and every timestamp read on `clock`: a test passes a
+    /// `ManualClock` and moves time instead of sleeping.
+    pub async fn start_with_clock(
+        config: MasterConfig,
+        factory: Arc<dyn UfsFactory>,
+        clock: SharedClock,
+    ) -> Result<MasterHandle, MasterError> {
+        let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
+        let (stored, resume) = load_state(store.clone(), factory.as_ref(), &clock)?;
+        let parts = build_parts(&config, stored, factory, clock);
+        let cancel = parts.cancel.clone();
+
+        // Both ports are bound before anything is spawned: a master that cannot start leaves no
+        // server behind holding the store open.
+        let (listener, rpc_addr) = bind_rpc(config.rpc_addr).await?;
+        let (http_addr, http_task) = serve_http(config.http_addr, &parts.runner).await?;
+        let server = spawn_rpc(listener, parts.rpc, cancel.clone());
+
+        let ticker = spawn_liveness_tick(&config, parts.cluster, cancel.clone());
+        resume_jobs(&parts.runner, resume, &config);
+        let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), cancel.clone());
+        info!(%rpc_addr, %http_addr, "master started");
+        Ok(MasterHandle {
+            rpc_addr,
+            http_addr,
+            store,
+            runner: parts.runner,
+            cancel,
+            tasks: vec![server, http_task, ticker, jobs_ticker],
+        })
+    }
+}
+
+/// The store and what it holds, ready to serve.
+struct Stored {
+    store: Arc<dyn MetaStore>,
+    mounts: MountTable,
+    jobs: Jobs,
+    schedules: Schedules,
+}
+
+/// The stored state, and the ids of the jobs that were running (to resume).
+fn load_state(
+    store: Arc<dyn MetaStore>,
+    factory: &dyn UfsFactory,
+    clock: &SharedClock,
+) -> Result<(Stored, Vec<String>), MasterError> {
+    let mounts = load_mounts(store.as_ref(), factory)?;
+    let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
+    let schedules = load_schedules(store.as_ref(), clock)?;
+    info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
+    Ok((Stored { store, mounts, jobs, schedules }, resume))
+}
+
+/// The master's parts, each handed what it uses, and the token that stops them.
+struct Parts {
+    cluster: Arc<Cluster>,
+    runner: Arc<JobRunner>,
+    rpc: Rpc,
+    cancel: CancellationToken,
+}
+
+fn build_parts(
+    config: &MasterConfig,
+    stored: Stored,
+    factory: Arc<dyn UfsFactory>,
+    clock: SharedClock,
+) -> Parts {
+    let Stored { store, mounts, jobs, schedules } = stored;
+    let cancel = CancellationToken::new();
+    let metadata = Arc::new(Metadata::new(MetadataParams {
+        mounts,
+        first_epoch: epoch_base(&clock),
+        factory,
+        store: store.clone(),
+        cache_entries: config.metadata_cache_entries,
+        clock: clock.clone(),
+    }));
+    let timeout = Duration::from_millis(config.worker_timeout_ms);
+    let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone()));
+    let runner = Arc::new(JobRunner::new(RunnerParams {
+        jobs,
+        schedules,
+        store,
+        metadata: metadata.clone(),
+        cluster: cluster.clone(),
+        cancel: cancel.child_token(),
+        clock,
+        heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
+        job_history: config.job_history,
+    }));
+    runner.prune_history();
+    let rpc = Rpc {
+        metadata,
+        cluster: cluster.clone(),
+        jobs: runner.clone(),
+        heartbeat_interval_ms: config.heartbeat_interval_ms,
+    };
+    Parts { cluster, runner, rpc, cancel }
+}
+
+/// Wall-clock milliseconds: the first epochs and task ids, which must grow across restarts.
+fn epoch_base(clock: &SharedClock) -> u64 {
+    clock.wall_ms().max(0) as u64
+}
+
+fn load_mounts(store: &dyn MetaStore, factory: &dyn UfsFactory) -> Result<MountTable, MasterError> {
+    let mut table = MountTable::default();
+    for record in store.load_mounts()? {
+        // A mount that no longer opens (option rules changed) is kept in the store and
+        // reported, not dropped: losing a user's mount silently is worse.
+        match Mount::open(record.clone(), factory) {
+            Ok(mount) => {
+                table.insert(mount);
+            }
+            Err(e) => warn!(mount = %record.path, err = %e, "stored mount cannot be opened; skipped"),
+        }
+    }
+    Ok(table)
+}
+
+/// The job table with every stored job, and the ids of those to resume (each counted as
+/// resumed in the store first).
+fn load_jobs(store: &dyn MetaStore, clock: &SharedClock) -> Result<(Jobs, Vec<String>), MasterError> {
+    // Task ids of this master start above the last one's, so a late report of an old task can
+    // never complete a new one.
+    let mut jobs = Jobs::new((epoch_base(clock) & 0xFFFF_FFFF_FFFF) << 16);
+    let mut resume = Vec::new();
+    for mut record in store.load_jobs()? {
+        if !record.phase.is_final() {
+            record.resumed += 1;
+            store.put_job(&record)?;
+            resume.push(record.id.clone());
+        }
+        jobs.insert(record);
+    }
+    Ok((jobs, resume))
+}
+
+fn load_schedules(store: &dyn MetaStore, clock: &SharedClock) -> Result<Schedules, MasterError> {
+    let mut schedules = Schedules::default();
+    let now_ms = clock.wall_ms();
+    for record in store.load_schedules()? {
+        let id = record.id.clone();
+        if let Err(e) = schedules.insert(record, now_ms) {
+            warn!(schedule = %id, err = %e, "stored schedule cannot be parsed; skipped");
+        }
+    }
+    Ok(schedules)
+}
+
+async fn bind_rpc(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), MasterError> {
+    let bind_err = |source| MasterError::Bind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
+    let local = listener.local_addr().map_err(bind_err)?;
+    Ok((listener, local))
+}
+
+/// `/metrics` and `/health`; healthy while the master's parts are alive.
+async fn serve_http(
+    addr: SocketAddr,
+    runner: &Arc<JobRunner>,
+) -> Result<(SocketAddr, JoinHandle<()>), MasterError> {
+    let alive = Arc::downgrade(runner);
+    let health = Arc::new(move || if alive.upgrade().is_some() { Ok(()) } else { Err("stopped".into()) });
+    strata_proto::ops_http::serve(addr, health).await.map_err(|source| MasterError::Bind { addr, source })
+}
+
+fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let svc = MasterServer::new(rpc);
+    tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
+            .await;
+        if let Err(e) = result {
+            warn!(err = %e, "master rpc server stopped");
+        }
+    })
+}
+
+/// Declares silent workers lost, a few times per timeout.
+fn spawn_liveness_tick(
+    config: &MasterConfig,
+    cluster: Arc<Cluster>,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
+    let every = Duration::from_millis((config.worker_timeout_ms / 4).clamp(10, 1000));
+    spawn_loop(every, cancel, move || {
+        cluster.tick();
+        std::future::ready(())
+    })
+}
+
+/// Expires leases, follows membership, fires schedules.
+fn spawn_jobs_tick(runner: Arc<JobRunner>, cancel: CancellationToken) -> JoinHandle<()> {
+    spawn_loop(Duration::from_millis(100), cancel, move || {
+        let runner = runner.clone();
+        async move { runner.tick().await }
+    })
+}
+
+fn resume_jobs(runner: &Arc<JobRunner>, ids: Vec<String>, config: &MasterConfig) {
+    // Resumed jobs wait for the workers to register again, so their tasks go to the owners on
+    // the whole ring and not to whichever worker came back first.
+    let settle = Duration::from_millis(config.heartbeat_interval_ms * 3).max(Duration::from_secs(1));
+    for id in ids {
+        info!(job = %id, "resuming load job");
+        runner.spawn_runner(id, settle);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_ufs::OpendalFactory;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_master_that_cannot_bind_leaves_its_store_free_for_the_next_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = MasterConfig {
+            rpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: taken.local_addr().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            ..MasterConfig::default()
+        };
+        let err =
+            Master::start(config.clone(), Arc::new(OpendalFactory)).await.err().expect("http port taken");
+        assert!(matches!(err, MasterError::Bind { addr, .. } if addr == config.http_addr), "{err}");
+        let config = MasterConfig { http_addr: "127.0.0.1:0".parse().unwrap(), ..config };
+        let master = Master::start(config, Arc::new(OpendalFactory)).await.expect("the store was released");
+        master.shutdown().await;
+    }
+}
