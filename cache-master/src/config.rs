@@ -31,7 +31,7 @@ pub struct MasterConfig {
 impl Default for MasterConfig {
     fn default() -> Self {
         Self {
-            rpc_addr: ([127, 0, 0, 1], 19998).into(),
+            rpc_addr: ([127, 0, 0, 1], strata_common::DEFAULT_MASTER_PORT).into(),
             http_addr: ([127, 0, 0, 1], 19999).into(),
             data_dir: PathBuf::from(".strata/master"),
             worker_timeout_ms: 10_000,

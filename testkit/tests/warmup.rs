@@ -329,11 +329,18 @@ async fn bad_input_gets_a_clear_error_and_cancel_stops_a_job() {
     cluster.faults().read_delay_ms.store(200, Ordering::SeqCst);
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
     let job = client.submit_load("/data/b", opts).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Cancel while loads are running: once the first one has reached the (slowed) UFS.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while cluster.ufs_reads() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the job never started loading");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let cancelled = client.cancel_job(&job.id).await.unwrap();
     assert_eq!(cancelled.state(), JobState::Cancelled);
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
     let reads = cluster.ufs_reads();
+    // The one fixed wait left in the suite: proving that nothing more happens needs a window
+    // in which it would have happened (loads at parallelism 1 run back to back).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(cluster.ufs_reads() <= reads + 3, "loads went on after cancel");
     let again = client.job_status(&job.id).await.unwrap();
