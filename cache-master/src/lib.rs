@@ -33,5 +33,13 @@ mod start;
 mod store;
 
 pub use config::MasterConfig;
+
+/// The block map and what workers report, for the benchmark that measures its memory
+/// (`bench/src/blockmap_bench.rs`); not an API.
+#[doc(hidden)]
+pub mod for_benchmarks {
+    pub use crate::blockmap::BlockMap;
+    pub use crate::reports::{BlockReport, Tier};
+}
 pub use start::{Master, MasterError, MasterHandle};
 pub use store::StoreError;

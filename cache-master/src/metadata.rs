@@ -128,18 +128,30 @@ impl Metadata {
         Ok((r, meta))
     }
 
-    /// A directory's entries (from the cache while fresh, unless `sync`), or a file as its own
-    /// single entry, as `ls` does.
-    pub async fn list(&self, raw: &str, sync: bool) -> Result<(Arc<Mount>, Vec<Entry>), OpError> {
+    /// One page of a directory's entries, in name order (from the cache while fresh, unless
+    /// `sync`), or a file as its own single entry, as `ls` does: at most `limit` entries whose
+    /// names come after `after` ("" for the first page), and the name to continue after when
+    /// more follow. A page boundary is a name, so a listing that changed between two pages
+    /// still continues exactly after what was returned.
+    pub async fn list_page(
+        &self,
+        raw: &str,
+        sync: bool,
+        after: &str,
+        limit: usize,
+    ) -> Result<(Arc<Mount>, Vec<Entry>, Option<String>), OpError> {
         let (r, meta) = self.stat(raw, sync).await?;
         if !meta.is_dir {
-            return Ok((r.mount, vec![Entry { path: r.path, rel: r.rel, meta }]));
+            let entry = Entry { path: r.path, rel: r.rel, meta };
+            return Ok((r.mount, if after.is_empty() { vec![entry] } else { Vec::new() }, None));
         }
-        let cached = if sync { None } else { self.lists.get(&r.path).await };
+        // A later page reuses the listing the first one cached (unless it expired).
+        let cached = if sync && after.is_empty() { None } else { self.lists.get(&r.path).await };
         let listing = match cached {
             Some(hit) if self.fresh(&hit, &r.mount) => hit,
             _ => {
-                let entries = r.mount.ufs.list(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
+                let mut entries = r.mount.ufs.list(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
+                entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
                 let fresh = self.cached(entries);
                 if !r.mount.metadata_ttl.is_zero() {
                     self.lists.insert(r.path.clone(), fresh.clone()).await;
@@ -147,8 +159,10 @@ impl Metadata {
                 fresh
             }
         };
-        let entries = listing
-            .value
+        let all = &listing.value;
+        let start = if after.is_empty() { 0 } else { all.partition_point(|e| e.name.as_str() <= after) };
+        let end = start.saturating_add(limit.max(1)).min(all.len());
+        let entries = all[start..end]
             .iter()
             .map(|e| Entry {
                 path: path::join(&r.path, &e.name),
@@ -156,7 +170,51 @@ impl Metadata {
                 meta: e.meta.clone(),
             })
             .collect();
-        Ok((r.mount, entries))
+        let next = (end < all.len()).then(|| all[end - 1].name.clone());
+        Ok((r.mount, entries, next))
+    }
+
+    /// One page of every file under a path (recursively; the file itself when it is one), in
+    /// the UFS's deterministic listing order: at most `limit` files after the one whose path
+    /// under the mount is `after` ("" for the first page), only those at most `max_depth`
+    /// levels below (0: all), and where to continue when more follow. The UFS is listed as a
+    /// stream from `after`, so memory is one page whatever the tree's size.
+    pub async fn find_page(
+        &self,
+        raw: &str,
+        sync: bool,
+        after: &str,
+        limit: usize,
+        max_depth: usize,
+    ) -> Result<(Arc<Mount>, Vec<Entry>, Option<String>), OpError> {
+        use futures::StreamExt;
+        let (r, meta) = self.stat(raw, sync).await?;
+        if !meta.is_dir {
+            let entry = Entry { path: r.path, rel: r.rel, meta };
+            return Ok((r.mount, if after.is_empty() { vec![entry] } else { Vec::new() }, None));
+        }
+        let base_depth = if r.rel.is_empty() { 0 } else { r.rel.split('/').count() };
+        let mount = r.mount.clone();
+        let mut listing = mount.ufs.list_recursive(&r.rel, (!after.is_empty()).then_some(after));
+        let mut entries = Vec::new();
+        let mut last_seen = None;
+        while let Some(file) = listing.next().await {
+            let file = file.map_err(|e| OpError::ufs(&r.path, e))?;
+            if entries.len() >= limit.max(1) {
+                // One more exists: the page ends at the last one returned (or skipped).
+                drop(listing);
+                return Ok((r.mount, entries, last_seen));
+            }
+            let depth = file.path.split('/').count() - base_depth;
+            last_seen = Some(file.path.clone());
+            if max_depth > 0 && depth > max_depth {
+                continue;
+            }
+            let strata_path = path::join(&mount.record.path, &file.path);
+            entries.push(Entry { path: strata_path, rel: file.path, meta: file.meta });
+        }
+        drop(listing);
+        Ok((r.mount, entries, None))
     }
 
     /// The metadata a load job loads a listed file at: what clients will be told by `stat`. A

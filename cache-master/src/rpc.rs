@@ -32,6 +32,17 @@ fn status(rpc: &'static str) -> impl Fn(OpError) -> Status {
     }
 }
 
+/// Entries per page when the request does not say.
+pub const DEFAULT_PAGE: usize = 1_000;
+/// Most entries a page holds, whatever the request asks (bounded messages).
+pub const MAX_PAGE: usize = 10_000;
+/// Most blocks one `GetBlockLocations` answer holds.
+const MAX_BLOCKS_PER_ANSWER: usize = 10_000;
+
+fn page_size(asked: u32) -> usize {
+    if asked == 0 { DEFAULT_PAGE } else { (asked as usize).min(MAX_PAGE) }
+}
+
 fn count(rpc: &'static str) {
     metrics::counter!(m::RPC_REQUESTS, "rpc" => rpc).increment(1);
 }
@@ -87,9 +98,26 @@ impl MasterRpc for Rpc {
         const RPC: &str = "list";
         count(RPC);
         let req = req.into_inner();
-        let (mount, entries) = self.metadata.list(&req.path, req.sync).await.map_err(status(RPC))?;
+        let (mount, entries, next) = self
+            .metadata
+            .list_page(&req.path, req.sync, &req.page_token, page_size(req.page_size))
+            .await
+            .map_err(status(RPC))?;
         let entries = entries.iter().map(|e| file_status(&e.path, &mount, &e.rel, &e.meta)).collect();
-        Ok(Response::new(pb::ListResponse { entries }))
+        Ok(Response::new(pb::ListResponse { entries, next_page_token: next.unwrap_or_default() }))
+    }
+
+    async fn find(&self, req: Request<pb::FindRequest>) -> RpcResult<pb::FindResponse> {
+        const RPC: &str = "find";
+        count(RPC);
+        let req = req.into_inner();
+        let (mount, entries, next) = self
+            .metadata
+            .find_page(&req.path, req.sync, &req.page_token, page_size(req.page_size), req.max_depth as usize)
+            .await
+            .map_err(status(RPC))?;
+        let entries = entries.iter().map(|e| file_status(&e.path, &mount, &e.rel, &e.meta)).collect();
+        Ok(Response::new(pb::FindResponse { entries, next_page_token: next.unwrap_or_default() }))
     }
 
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> RpcResult<pb::Empty> {
@@ -120,13 +148,21 @@ impl MasterRpc for Rpc {
     ) -> RpcResult<pb::BlockLocations> {
         const RPC: &str = "get_block_locations";
         count(RPC);
-        let (r, meta) = self.metadata.stat(&req.into_inner().path, false).await.map_err(status(RPC))?;
+        let req = req.into_inner();
+        let (r, meta) = self.metadata.stat(&req.path, false).await.map_err(status(RPC))?;
         if meta.is_dir {
             return Err(status(RPC)(OpError::IsDirectory(r.path)));
         }
-        let blocks = self
+        let limit = page_size(req.limit).min(MAX_BLOCKS_PER_ANSWER);
+        let mut located: Vec<_> = self
             .cluster
             .block_locations(&r.file_id(), &meta.version)
+            .into_iter()
+            .filter(|(index, _)| *index >= req.from_index)
+            .take(limit + 1)
+            .collect();
+        let next_index = if located.len() > limit { located.pop().map_or(0, |(i, _)| i) } else { 0 };
+        let blocks = located
             .into_iter()
             .map(|(index, holders)| pb::BlockLocation {
                 index,
@@ -140,7 +176,7 @@ impl MasterRpc for Rpc {
                     .collect(),
             })
             .collect();
-        Ok(Response::new(pb::BlockLocations { path: r.path, version: meta.version, blocks }))
+        Ok(Response::new(pb::BlockLocations { path: r.path, version: meta.version, blocks, next_index }))
     }
 
     async fn status(&self, _: Request<pb::Empty>) -> RpcResult<pb::ClusterStatus> {

@@ -243,7 +243,9 @@ async fn serve_http(
 
 fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let svc = MasterServer::new(rpc);
+    let svc = MasterServer::new(rpc)
+        .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES);
     tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .add_service(svc)

@@ -131,7 +131,7 @@ async fn cached_stats_and_listings_last_their_ttl_on_the_clock() {
     f.write("a.bin", 10);
     assert_eq!(f.size("/data/a.bin").await, 10);
     let names = |mut client: MasterClient<Channel>| async move {
-        let req = ListRequest { path: "/data".into(), sync: false };
+        let req = ListRequest { path: "/data".into(), sync: false, ..Default::default() };
         let entries = client.list(req).await.unwrap().into_inner().entries;
         entries.into_iter().map(|e| e.path).collect::<Vec<_>>()
     };

@@ -249,6 +249,17 @@ impl BlockService {
         Ok(ufs.writer(&resolved.rel).await?)
     }
 
+    /// Counts a write through this worker that ended as `result` (`committed`, `aborted`,
+    /// `refused`).
+    pub fn count_write(&self, result: &'static str) {
+        match result {
+            "committed" => self.counters.writes_committed.fetch_add(1, Ordering::Relaxed),
+            "aborted" => self.counters.writes_aborted.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        metrics::counter!(m::WRITES, "result" => result).increment(1);
+    }
+
     pub fn counters(&self) -> CounterSnapshot {
         self.counters.snapshot(self.cache.corrupt_blocks())
     }

@@ -25,6 +25,10 @@ use crate::mounts::{MountSnapshot, MountSource, MountSpec};
 use crate::stats::CounterSnapshot;
 use crate::tier::{Tier, TierEvent, TierKind};
 
+/// Most blocks one heartbeat reports: a full report of a worker holding millions of blocks goes
+/// out as a sequence of heartbeats (sent back to back), each a bounded message.
+pub const REPORT_CHUNK: usize = 10_000;
+
 /// How the worker is reached, as it registers.
 pub struct Identity {
     pub worker_id: String,
@@ -37,7 +41,9 @@ pub fn connect(master_addr: &str) -> Result<MasterClient<Channel>, tonic::transp
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{master_addr}"))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10));
-    Ok(MasterClient::new(endpoint.connect_lazy()))
+    Ok(MasterClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES))
 }
 
 /// The master as the source of a worker's (or sidecar's) mount table.
@@ -120,6 +126,8 @@ pub async fn run(
     let mut full_report = true;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let tiers: Vec<Arc<dyn Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
+    // Blocks of a full report not sent yet.
+    let mut backlog: Vec<BlockReport> = Vec::new();
     while !cancel.is_cancelled() {
         if !registered {
             let req = RegisterWorkerRequest {
@@ -149,10 +157,14 @@ pub async fn run(
         }
 
         let (mut added, mut removed) = (Vec::new(), Vec::new());
+        let starts_full_report = full_report;
+        if starts_full_report {
+            backlog.clear();
+        }
         for tier in &tiers {
             let events = tier.drain_events();
-            if full_report {
-                added.extend(tier.keys().iter().map(|(k, size)| report(k, tier.kind(), *size)));
+            if starts_full_report {
+                backlog.extend(tier.keys().iter().map(|(k, size)| report(k, tier.kind(), *size)));
                 continue;
             }
             for event in events {
@@ -162,6 +174,10 @@ pub async fn run(
                 }
             }
         }
+        // The rest of a full report rides on the next heartbeats, a chunk each; a removal in
+        // `removed` after its block's `added` in an earlier chunk leaves the master right.
+        let take = backlog.len().min(REPORT_CHUNK.saturating_sub(added.len()).max(1));
+        added.extend(backlog.drain(..take));
         let counters = blocks.counters();
         metrics::counter!(m::CORRUPT_BLOCKS).absolute(counters.corrupt_blocks);
         let req = HeartbeatRequest {
@@ -170,7 +186,7 @@ pub async fn run(
             counters: Some(proto_counters(counters)),
             added,
             removed,
-            full_report,
+            full_report: starts_full_report,
         };
         match client.heartbeat(req).await {
             Ok(resp) => {
@@ -190,8 +206,11 @@ pub async fn run(
                 warn!(worker = %id.worker_id, err = %status.message(), "heartbeat failed");
                 // The deltas of this beat are gone: the next one reports everything.
                 full_report = true;
+                backlog.clear();
             }
         }
-        sleep_or_cancel(interval, &cancel).await;
+        if backlog.is_empty() || full_report {
+            sleep_or_cancel(interval, &cancel).await;
+        }
     }
 }

@@ -47,3 +47,5 @@ pub const SHORT_CIRCUIT_LEASES: &str = "strata_worker_short_circuit_leases";
 pub const ZERO_COPY_BYTES: &str = "strata_worker_zero_copy_bytes_total";
 /// Counter, label `result` (`granted`/`refused`): RDMA grants (`OpenBlock` on TCP) answered.
 pub const RDMA_GRANTS: &str = "strata_worker_rdma_grants_total";
+/// Counter, label `result` (`committed`/`aborted`/`refused`): writes through this worker.
+pub const WRITES: &str = "strata_worker_writes_total";

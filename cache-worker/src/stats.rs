@@ -15,6 +15,10 @@ pub struct Counters {
     pub upstream_reads: AtomicU64,
     /// Bytes served as NVMe file regions rather than through memory.
     pub zero_copy_bytes: AtomicU64,
+    /// Writes through this worker that were committed to the UFS, and those that ended
+    /// without a commit (the client went away or failed; the old file stays).
+    pub writes_committed: AtomicU64,
+    pub writes_aborted: AtomicU64,
 }
 
 /// The counters at one moment.
@@ -27,6 +31,8 @@ pub struct CounterSnapshot {
     pub bytes_served: u64,
     pub upstream_reads: u64,
     pub zero_copy_bytes: u64,
+    pub writes_committed: u64,
+    pub writes_aborted: u64,
     pub corrupt_blocks: u64,
 }
 
@@ -41,6 +47,8 @@ impl Counters {
             bytes_served: get(&self.bytes_served),
             upstream_reads: get(&self.upstream_reads),
             zero_copy_bytes: get(&self.zero_copy_bytes),
+            writes_committed: get(&self.writes_committed),
+            writes_aborted: get(&self.writes_aborted),
             corrupt_blocks,
         }
     }

@@ -255,20 +255,37 @@ fn info_json(f: &FileInfo) -> serde_json::Value {
     json!({"path": f.path, "is_dir": f.is_dir, "size": f.size, "version": f.version, "mtime_ms": f.mtime_ms, "block_size": f.block_size})
 }
 
+/// Prints a listing page by page as the master sends it: a directory of millions of entries
+/// never has to fit in memory (or in one message). `--json` writes the same array
+/// `serde_json` would, one element at a time.
 async fn ls(master: &str, path: &str, as_json: bool) -> Result<()> {
     let client = connect(master).await?;
-    let entries = client.list(path).await?;
-    if as_json {
-        outln!("{}", serde_json::to_string_pretty(&entries.iter().map(info_json).collect::<Vec<_>>())?)?;
-    } else {
-        for e in entries {
-            let name = e.path.rsplit('/').next().unwrap_or(&e.path);
-            if e.is_dir {
-                outln!("{:>14}  {name}/", "-")?;
+    let mut token = String::new();
+    let mut first = true;
+    loop {
+        let (entries, next) = client.list_page(path, &token, 0).await?;
+        for e in &entries {
+            if as_json {
+                let item = serde_json::to_string_pretty(&info_json(e))?;
+                let indented: Vec<String> = item.lines().map(|l| format!("  {l}")).collect();
+                out!("{}{}", if first { "[\n" } else { ",\n" }, indented.join("\n"))?;
             } else {
-                outln!("{:>14}  {name}", e.size)?;
+                let name = e.path.rsplit('/').next().unwrap_or(&e.path);
+                if e.is_dir {
+                    outln!("{:>14}  {name}/", "-")?;
+                } else {
+                    outln!("{:>14}  {name}", e.size)?;
+                }
             }
+            first = false;
         }
+        match next {
+            Some(next) => token = next,
+            None => break,
+        }
+    }
+    if as_json {
+        outln!("{}", if first { "[]" } else { "\n]" })?;
     }
     Ok(())
 }

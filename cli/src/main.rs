@@ -10,6 +10,14 @@ macro_rules! outln {
     }};
 }
 
+/// `outln!` without the newline.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod commands;
 mod warmup;
 

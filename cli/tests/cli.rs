@@ -227,3 +227,33 @@ fn warmup_loads_a_directory_and_job_commands_report_it() {
     let out = child.wait_with_output().unwrap();
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
+
+#[test]
+fn ls_of_a_100k_entry_directory_streams_pages() {
+    // Before paging this failed at 60,000 entries: "decoded message length too large".
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    let flat = ufs.path().join("flat");
+    std::fs::create_dir(&flat).unwrap();
+    for i in 0..100_000u32 {
+        std::fs::write(flat.join(format!("sample-{i:06}.json")), b"{}").unwrap();
+    }
+    let master = format!("127.0.0.1:{}", free_port());
+    let _s = start_standalone(state.path(), &master, &format!("/d=file://{}", ufs.path().display()));
+    let ls = run(&master, &["ls", "/d/flat"]);
+    assert!(ls.status.success(), "{}", stderr(&ls));
+    let out = String::from_utf8(ls.stdout).unwrap();
+    let names: Vec<&str> = out.lines().map(|l| l.split_whitespace().last().unwrap()).collect();
+    assert_eq!(names.len(), 100_000);
+    assert_eq!((names[0], names[99_999]), ("sample-000000.json", "sample-099999.json"));
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "in name order, once each");
+    let json = run(&master, &["ls", "--json", "/d/flat"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 100_000);
+    assert_eq!(v[12_345]["path"], "/d/flat/sample-012345.json");
+    let empty = ufs.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let none = run(&master, &["ls", "--json", "/d/empty"]);
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&none.stdout).unwrap(), serde_json::json!([]));
+}

@@ -90,12 +90,22 @@ impl ClientError {
         }
     }
 
-    pub(crate) fn from_status(status: tonic::Status, master: &str) -> Self {
+    /// The error of a failed call of `rpc` to the master at `master`.
+    pub(crate) fn from_status(rpc: &str, status: tonic::Status, master: &str) -> Self {
         let kind = strata_proto::kind_of(&status);
-        if kind == ErrorKind::Unavailable {
-            return ClientError::MasterUnavailable(format!("master at {master}: {}", status.message()));
+        match kind {
+            ErrorKind::Unavailable => {
+                ClientError::MasterUnavailable(format!("master at {master}: {}", status.message()))
+            }
+            ErrorKind::ResourceExhausted => ClientError::Remote {
+                kind,
+                message: format!(
+                    "{rpc} to the master at {master}: {} (ask for less at once)",
+                    status.message()
+                ),
+            },
+            _ => Self::from_kind(kind, status.message().to_string()),
         }
-        Self::from_kind(kind, status.message().to_string())
     }
 
     /// No worker could be reached or kept the connection (`Unavailable`).
@@ -152,16 +162,20 @@ mod tests {
         for kind in ErrorKind::ALL {
             assert_eq!(ClientError::from_kind(kind, "m".into()).kind(), kind);
             let status = strata_proto::status(kind, "m");
-            assert_eq!(ClientError::from_status(status, "master:1").kind(), kind);
+            assert_eq!(ClientError::from_status("stat", status, "master:1").kind(), kind);
         }
     }
 
     #[test]
     fn a_ufs_failure_on_the_master_is_not_the_master_being_down() {
-        let e = ClientError::from_status(strata_proto::status(ErrorKind::Ufs, "/data/x: slow down"), "m:1");
+        let e = ClientError::from_status(
+            "stat",
+            strata_proto::status(ErrorKind::Ufs, "/data/x: slow down"),
+            "m:1",
+        );
         assert!(matches!(e, ClientError::Remote { kind: ErrorKind::Ufs, .. }), "{e:?}");
         assert!(e.is_temporary());
-        let down = ClientError::from_status(tonic::Status::unavailable("connection refused"), "m:1");
+        let down = ClientError::from_status("stat", tonic::Status::unavailable("connection refused"), "m:1");
         assert!(matches!(down, ClientError::MasterUnavailable(_)), "{down:?}");
         assert_eq!(down.to_string(), "master unavailable: master at m:1: connection refused");
     }

@@ -108,7 +108,7 @@ impl Client {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         let result = self.master().delete(DeleteRequest { path: p.clone(), recursive }).await;
         self.forget_local(&p, true);
-        result.map_err(|s| self.status_err(s))?;
+        result.map_err(self.rpc_err("delete"))?;
         Ok(())
     }
 
@@ -117,7 +117,7 @@ impl Client {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         let result = self.master().mkdir(MkdirRequest { path: p.clone() }).await;
         self.forget_local(&p, false);
-        result.map_err(|s| self.status_err(s))?;
+        result.map_err(self.rpc_err("mkdir"))?;
         Ok(())
     }
 
@@ -125,7 +125,7 @@ impl Client {
     pub async fn invalidate(&self, raw: &str) -> Result<()> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         self.forget_local(&p, false);
-        self.master().invalidate(InvalidateRequest { path: p }).await.map_err(|s| self.status_err(s))?;
+        self.master().invalidate(InvalidateRequest { path: p }).await.map_err(self.rpc_err("invalidate"))?;
         Ok(())
     }
 

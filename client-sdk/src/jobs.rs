@@ -18,23 +18,23 @@ impl Client {
     /// Submits a load job of a file or a directory tree; returns at once with its id.
     pub async fn submit_load(&self, path: &str, options: LoadOptions) -> Result<JobInfo> {
         let req = SubmitLoadRequest { path: path.to_string(), options: Some(options) };
-        Ok(self.master().submit_load(req).await.map_err(|s| self.status_err(s))?.into_inner())
+        Ok(self.master().submit_load(req).await.map_err(self.rpc_err("submit_load"))?.into_inner())
     }
 
     pub async fn job_status(&self, id: &str) -> Result<JobInfo> {
         let req = JobId { id: id.to_string() };
-        Ok(self.master().get_job(req).await.map_err(|s| self.status_err(s))?.into_inner())
+        Ok(self.master().get_job(req).await.map_err(self.rpc_err("get_job"))?.into_inner())
     }
 
     /// Running jobs, or with `finished` every job the master knows (newest first).
     pub async fn list_jobs(&self, finished: bool, limit: u32) -> Result<Vec<JobInfo>> {
         let req = ListJobsRequest { finished, limit };
-        Ok(self.master().list_jobs(req).await.map_err(|s| self.status_err(s))?.into_inner().jobs)
+        Ok(self.master().list_jobs(req).await.map_err(self.rpc_err("list_jobs"))?.into_inner().jobs)
     }
 
     pub async fn cancel_job(&self, id: &str) -> Result<JobInfo> {
         let req = JobId { id: id.to_string() };
-        Ok(self.master().cancel_job(req).await.map_err(|s| self.status_err(s))?.into_inner())
+        Ok(self.master().cancel_job(req).await.map_err(self.rpc_err("cancel_job"))?.into_inner())
     }
 
     /// Polls a job every `every` until it ends, calling `on_progress` with each snapshot.
@@ -69,7 +69,7 @@ impl Client {
             path: path.to_string(),
             options: Some(options),
         };
-        Ok(self.master().add_schedule(req).await.map_err(|s| self.status_err(s))?.into_inner())
+        Ok(self.master().add_schedule(req).await.map_err(self.rpc_err("add_schedule"))?.into_inner())
     }
 
     pub async fn list_schedules(&self) -> Result<Vec<ScheduleInfo>> {
@@ -77,14 +77,14 @@ impl Client {
             .master()
             .list_schedules(Empty {})
             .await
-            .map_err(|s| self.status_err(s))?
+            .map_err(self.rpc_err("list_schedules"))?
             .into_inner()
             .schedules)
     }
 
     pub async fn remove_schedule(&self, id: &str) -> Result<()> {
         let req = ScheduleId { id: id.to_string() };
-        self.master().remove_schedule(req).await.map_err(|s| self.status_err(s))?;
+        self.master().remove_schedule(req).await.map_err(self.rpc_err("remove_schedule"))?;
         Ok(())
     }
 }

@@ -244,7 +244,9 @@ impl Client {
         });
         Self {
             inner: Arc::new(Inner {
-                master: MasterClient::new(channel),
+                master: MasterClient::new(channel)
+                    .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES),
                 transport,
                 sidecar,
                 short_circuit,
@@ -270,15 +272,18 @@ impl Client {
         self.inner.master.clone()
     }
 
-    fn status_err(&self, status: tonic::Status) -> ClientError {
-        ClientError::from_status(status, &self.inner.config.master_addr)
+    /// How a failed call of `rpc` becomes an error: with its kind, and naming the call when it
+    /// was refused for its size.
+    fn rpc_err(&self, rpc: &'static str) -> impl Fn(tonic::Status) -> ClientError + '_ {
+        move |status| ClientError::from_status(rpc, status, &self.inner.config.master_addr)
     }
 
     /// Fetches membership and mounts from the master now.
     pub async fn refresh_view(&self) -> Result<()> {
         let mut master = self.master();
-        let membership = master.get_membership(Empty {}).await.map_err(|s| self.status_err(s))?.into_inner();
-        let mounts = master.list_mounts(Empty {}).await.map_err(|s| self.status_err(s))?.into_inner();
+        let membership =
+            master.get_membership(Empty {}).await.map_err(self.rpc_err("get_membership"))?.into_inner();
+        let mounts = master.list_mounts(Empty {}).await.map_err(self.rpc_err("list_mounts"))?.into_inner();
         let members =
             membership.workers.into_iter().map(|w| Member { id: w.id, data_addr: w.data_addr }).collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
@@ -334,7 +339,7 @@ impl Client {
             .master()
             .stat(StatRequest { path: p.clone(), sync })
             .await
-            .map_err(|s| self.status_err(s))?
+            .map_err(self.rpc_err("stat"))?
             .into_inner();
         let info = FileInfo::from(status);
         let now = self.inner.config.clock.now();
@@ -346,12 +351,59 @@ impl Client {
         self.stat_with(path, false).await
     }
 
-    /// Children of a directory (or the file itself).
+    /// Children of a directory (or the file itself), every page of them. For a directory too
+    /// large to hold, use [`list_page`](Self::list_page).
     pub async fn list(&self, raw: &str) -> Result<Vec<FileInfo>> {
+        let mut all = Vec::new();
+        let mut token = String::new();
+        loop {
+            let (page, next) = self.list_page(raw, &token, 0).await?;
+            all.extend(page);
+            match next {
+                Some(next) => token = next,
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// One page of a directory's children in name order (the file itself for a file): those
+    /// after `page_token` ("" for the first page), at most `page_size` (0: the master's
+    /// default), and the token of the next page when there is one.
+    pub async fn list_page(
+        &self,
+        raw: &str,
+        page_token: &str,
+        page_size: u32,
+    ) -> Result<(Vec<FileInfo>, Option<String>)> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        let resp =
-            self.master().list(ListRequest { path: p, sync: false }).await.map_err(|s| self.status_err(s))?;
-        Ok(resp.into_inner().entries.into_iter().map(FileInfo::from).collect())
+        let req = ListRequest { path: p, sync: false, page_token: page_token.to_string(), page_size };
+        let resp = self.master().list(req).await.map_err(self.rpc_err("list"))?.into_inner();
+        let next = (!resp.next_page_token.is_empty()).then_some(resp.next_page_token);
+        Ok((resp.entries.into_iter().map(FileInfo::from).collect(), next))
+    }
+
+    /// One page of every file under `raw` (recursively; the file itself for a file), in the
+    /// UFS's listing order: those after `page_token`, at most `page_size`, only `max_depth`
+    /// levels down (0: all), and the token of the next page when there is one. One stream for
+    /// `find`, `glob` and `du` instead of a listing per directory.
+    pub async fn find_page(
+        &self,
+        raw: &str,
+        page_token: &str,
+        page_size: u32,
+        max_depth: u32,
+    ) -> Result<(Vec<FileInfo>, Option<String>)> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let req = strata_proto::FindRequest {
+            path: p,
+            sync: false,
+            page_token: page_token.to_string(),
+            page_size,
+            max_depth,
+        };
+        let resp = self.master().find(req).await.map_err(self.rpc_err("find"))?.into_inner();
+        let next = (!resp.next_page_token.is_empty()).then_some(resp.next_page_token);
+        Ok((resp.entries.into_iter().map(FileInfo::from).collect(), next))
     }
 
     /// `len` bytes from `offset` (fewer at the end of the file, none past it).
@@ -493,7 +545,7 @@ impl Client {
     }
 
     pub async fn mounts(&self) -> Result<Vec<MountInfo>> {
-        let resp = self.master().list_mounts(Empty {}).await.map_err(|s| self.status_err(s))?;
+        let resp = self.master().list_mounts(Empty {}).await.map_err(self.rpc_err("list_mounts"))?;
         Ok(resp.into_inner().mounts)
     }
 
@@ -504,7 +556,7 @@ impl Client {
         options: HashMap<String, String>,
     ) -> Result<MountInfo> {
         let req = AddMountRequest { path: path.to_string(), uri: uri.to_string(), options };
-        let info = self.master().add_mount(req).await.map_err(|s| self.status_err(s))?.into_inner();
+        let info = self.master().add_mount(req).await.map_err(self.rpc_err("add_mount"))?.into_inner();
         self.refresh_view().await?;
         Ok(info)
     }
@@ -513,19 +565,43 @@ impl Client {
         self.master()
             .remove_mount(RemoveMountRequest { path: path.to_string() })
             .await
-            .map_err(|s| self.status_err(s))?;
+            .map_err(self.rpc_err("remove_mount"))?;
         self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.refresh_view().await
     }
 
     pub async fn status(&self) -> Result<ClusterStatus> {
-        Ok(self.master().status(Empty {}).await.map_err(|s| self.status_err(s))?.into_inner())
+        Ok(self.master().status(Empty {}).await.map_err(self.rpc_err("status"))?.into_inner())
     }
 
-    /// Which workers hold which blocks of a file (from the master's block map).
+    /// Which workers hold which blocks of a file (from the master's block map), every page.
     pub async fn block_locations(&self, path: &str) -> Result<strata_proto::BlockLocations> {
-        let req = strata_proto::BlockLocationsRequest { path: path.to_string() };
-        Ok(self.master().get_block_locations(req).await.map_err(|s| self.status_err(s))?.into_inner())
+        let mut from_index = 0;
+        let mut all: Option<strata_proto::BlockLocations> = None;
+        loop {
+            let req = strata_proto::BlockLocationsRequest { path: path.to_string(), from_index, limit: 0 };
+            let page = self
+                .master()
+                .get_block_locations(req)
+                .await
+                .map_err(self.rpc_err("get_block_locations"))?
+                .into_inner();
+            let next = page.next_index;
+            match &mut all {
+                Some(all) if all.version == page.version => all.blocks.extend(page.blocks),
+                // The file changed between two pages: start over on the new version.
+                Some(_) if from_index > 0 => {
+                    from_index = 0;
+                    all = None;
+                    continue;
+                }
+                _ => all = Some(page),
+            }
+            if next == 0 {
+                return Ok(all.expect("at least one page"));
+            }
+            from_index = next;
+        }
     }
 }
 

@@ -10,11 +10,11 @@ use strata_common::frame::{REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader,
 use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
     AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, DeleteRequest, Empty,
-    FetchLoadTasksRequest, FileStatus, HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId,
-    JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks, Member, Membership,
-    MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest,
-    ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest,
-    StatRequest, SubmitLoadRequest, WorkerMountsRequest,
+    FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, HeartbeatRequest, HeartbeatResponse,
+    InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks,
+    Member, Membership, MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse,
+    RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo,
+    ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, WorkerMountsRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -73,6 +73,7 @@ fake_master! {
     add_mount(AddMountRequest) -> MountInfo;
     remove_mount(RemoveMountRequest) -> Empty;
     list(ListRequest) -> ListResponse;
+    find(FindRequest) -> FindResponse;
     get_block_locations(BlockLocationsRequest) -> BlockLocations;
     status(Empty) -> ClusterStatus;
     delete(DeleteRequest) -> Empty;

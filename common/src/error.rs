@@ -28,11 +28,14 @@ pub enum ErrorKind {
     IsDirectory = 9,
     /// The mount (or the UFS) refuses the operation, e.g. a write to a read-only mount.
     PermissionDenied = 10,
+    /// A message or a request is over a size limit (a gRPC message past the limit, too many
+    /// entries asked at once): page it or narrow it.
+    ResourceExhausted = 11,
 }
 
 impl ErrorKind {
     /// Every kind, for mappings and tests that must cover them all.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         Self::BadFrame,
         Self::InvalidArgument,
         Self::NotFound,
@@ -43,6 +46,7 @@ impl ErrorKind {
         Self::AlreadyExists,
         Self::IsDirectory,
         Self::PermissionDenied,
+        Self::ResourceExhausted,
     ];
 
     /// Whether the same request may succeed if sent again (to this or another server).
@@ -62,6 +66,7 @@ impl ErrorKind {
             8 => Self::AlreadyExists,
             9 => Self::IsDirectory,
             10 => Self::PermissionDenied,
+            11 => Self::ResourceExhausted,
             _ => return None,
         })
     }
@@ -82,6 +87,7 @@ impl ErrorKind {
             Self::AlreadyExists => "already_exists",
             Self::IsDirectory => "is_directory",
             Self::PermissionDenied => "permission_denied",
+            Self::ResourceExhausted => "resource_exhausted",
         }
     }
 }

@@ -13,6 +13,12 @@ pub mod ops_http;
 /// `INVALID_ARGUMENT`), so the code alone cannot bring the kind back.
 pub const ERROR_KIND_METADATA: &str = "strata-error-kind";
 
+/// Largest gRPC message either side sends or accepts, set explicitly on every server and
+/// client (tonic's default is 4 MiB). Whatever grows with data is paged or chunked well below
+/// it (listings, block reports, block locations); a message over it is refused as
+/// `ResourceExhausted`, named by the call.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
 /// Maps an error kind and message to a gRPC status: the nearest standard code, for clients
 /// that only know gRPC, and the kind itself in [`ERROR_KIND_METADATA`], which [`kind_of`]
 /// reads back exactly.
@@ -45,6 +51,7 @@ fn code_of(kind: ErrorKind) -> tonic::Code {
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::IsDirectory => Code::FailedPrecondition,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         _ => Code::Internal,
     }
 }
@@ -52,15 +59,15 @@ fn code_of(kind: ErrorKind) -> tonic::Code {
 fn kind_of_code(code: tonic::Code) -> ErrorKind {
     use tonic::Code;
     match code {
-        Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
+        Code::InvalidArgument => ErrorKind::InvalidArgument,
+        // tonic refuses a message over its size limit with OUT_OF_RANGE.
+        Code::OutOfRange | Code::ResourceExhausted => ErrorKind::ResourceExhausted,
         Code::NotFound => ErrorKind::NotFound,
         Code::Aborted => ErrorKind::VersionChanged,
         Code::AlreadyExists => ErrorKind::AlreadyExists,
         Code::FailedPrecondition => ErrorKind::IsDirectory,
         Code::PermissionDenied => ErrorKind::PermissionDenied,
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted => {
-            ErrorKind::Unavailable
-        }
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => ErrorKind::Unavailable,
         _ => ErrorKind::Internal,
     }
 }

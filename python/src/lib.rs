@@ -227,6 +227,47 @@ impl Client {
         Ok(out)
     }
 
+    /// One page of a directory's entries: `(entries, next_token)`, `next_token` None on the
+    /// last page. Lets a Python caller walk a huge directory without holding it whole.
+    #[pyo3(signature = (path, token="", page_size=0))]
+    fn ls_page<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        token: &str,
+        page_size: u32,
+    ) -> PyResult<(Bound<'py, PyList>, Option<String>)> {
+        let (entries, next) = py.detach(|| {
+            self.shared.run(|rt, c, _| rt.block_on(c.list_page(path, token, page_size)).map_err(to_py))
+        })?;
+        let out = PyList::empty(py);
+        for e in &entries {
+            out.append(info_dict(py, e)?)?;
+        }
+        Ok((out, next))
+    }
+
+    /// One page of every file under `path` (recursively, server side): `(entries, next_token)`.
+    #[pyo3(signature = (path, token="", page_size=0, max_depth=0))]
+    fn find_page<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        token: &str,
+        page_size: u32,
+        max_depth: u32,
+    ) -> PyResult<(Bound<'py, PyList>, Option<String>)> {
+        let (entries, next) = py.detach(|| {
+            self.shared
+                .run(|rt, c, _| rt.block_on(c.find_page(path, token, page_size, max_depth)).map_err(to_py))
+        })?;
+        let out = PyList::empty(py);
+        for e in &entries {
+            out.append(info_dict(py, e)?)?;
+        }
+        Ok((out, next))
+    }
+
     /// Bytes `start..end` of a file (fsspec's `cat_file` semantics).
     #[pyo3(signature = (path, start=None, end=None))]
     fn cat<'py>(

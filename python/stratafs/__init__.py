@@ -2,8 +2,9 @@
 
 Every method below goes to the Strata cluster through the Rust client (``stratafs._native``):
 placement on the consistent-hash ring, parallel block reads, readahead, failover. Nothing falls
-back to another filesystem. ``find``, ``glob``, ``walk`` and ``du`` are fsspec's generic
-algorithms over this filesystem's own ``ls``.
+back to another filesystem. ``find`` (and so ``glob`` and ``du``) is one paged recursive
+listing by the master; ``walk`` is fsspec's generic algorithm over this filesystem's ``ls``,
+which the master answers page by page.
 
 ``strata://data/x.bin`` and ``strata:///data/x.bin`` both name ``/data/x.bin``: the first
 component is the mount, as a bucket is for s3fs.
@@ -75,6 +76,60 @@ class StrataFileSystem(AbstractFileSystem):
     def ls(self, path, detail=True, **kwargs):
         entries = self._client.ls(self._strip_protocol(path))
         return entries if detail else [e["name"] for e in entries]
+
+    def ls_iter(self, path):
+        """A directory's entries page by page (detail dicts): for directories too large to list
+        at once."""
+        path = self._strip_protocol(path)
+        token = ""
+        while True:
+            page, token = self._client.ls_page(path, token)
+            yield from page
+            if not token:
+                return
+
+    def _find_iter(self, path, max_depth=0):
+        token = ""
+        while True:
+            page, token = self._client.find_page(path, token, 0, max_depth)
+            yield from page
+            if not token:
+                return
+
+    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+        """Every file under ``path``, as fsspec's ``find``, listed by the master in one paged
+        stream (``glob`` and ``du`` use it too) instead of one listing per directory.
+
+        Directories (``withdirs``) are the parents of the files found: a directory with no file
+        anywhere below it is not listed (object stores have no such directories anyway)."""
+        path = self._strip_protocol(path)
+        if maxdepth is not None and maxdepth < 1:
+            raise ValueError("maxdepth must be at least 1")
+        try:
+            root = self.info(path)
+        except FileNotFoundError:
+            return {} if detail else []
+        out = {}
+        if root["type"] == "file":
+            out[path] = root
+        else:
+            if withdirs and path != "/":
+                out[path] = root
+            base = path.rstrip("/")
+            # Directories deeper than maxdepth still matter for the parents they imply.
+            server_depth = 0 if withdirs else (maxdepth or 0)
+            for info in self._find_iter(path, server_depth):
+                name = info["name"]
+                parts = name[len(base) + 1:].split("/")
+                if maxdepth is None or len(parts) <= maxdepth:
+                    out[name] = info
+                if withdirs:
+                    for d in range(1, len(parts) if maxdepth is None else min(len(parts), maxdepth + 1)):
+                        dname = base + "/" + "/".join(parts[:d])
+                        if dname not in out:
+                            out[dname] = {"name": dname, "size": 0, "type": "directory"}
+        names = sorted(out)
+        return {n: out[n] for n in names} if detail else names
 
     def info(self, path, **kwargs):
         return self._client.stat(self._strip_protocol(path), bool(kwargs.get("refresh", False)))

@@ -43,14 +43,23 @@ async fn writes_reach_the_ufs_and_metadata_follows() {
     let mut w = client.create("/data/dir/new.bin").await.unwrap();
     w.write(&pattern(2 << 20, 9)).await.unwrap();
     drop(w);
-    // The worker sees the connection close and aborts: its hidden partial file goes away.
-    let dir = cluster.ufs.dir().join("dir");
+    // The worker sees the connection close and aborts (and its hidden partial file is gone).
+    let aborted = |c: &Cluster| {
+        (0..c.worker_count()).map(|i| c.worker(i).blocks.counters().writes_aborted).sum::<u64>()
+    };
     eventually("the worker aborted the write", std::time::Duration::from_secs(20), || async {
-        std::fs::read_dir(&dir)
-            .unwrap()
-            .all(|e| !e.unwrap().file_name().to_string_lossy().ends_with(".strata-partial"))
+        aborted(&cluster) == 1
     })
     .await;
+    let dir = cluster.ufs.dir().join("dir");
+    assert!(
+        std::fs::read_dir(&dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".strata-partial")),
+        "no partial file is left"
+    );
     assert_eq!(std::fs::read(cluster.ufs.dir().join("dir/new.bin")).unwrap(), b"short");
 
     // mkdir and delete through the master, listings follow.

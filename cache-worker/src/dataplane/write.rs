@@ -24,6 +24,40 @@ pub(super) async fn serve_write<S>(stream: &mut S, blocks: &BlockService, body_l
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let mut ended = WriteOutcome::Refused;
+    let result = write_file(stream, blocks, body_len, &mut ended).await;
+    blocks.count_write(ended.label());
+    result
+}
+
+/// How a write ended, for the counters.
+enum WriteOutcome {
+    /// Never started: refused at `WriteBegin` (or its body was malformed).
+    Refused,
+    /// Started, then dropped: the old file stays.
+    Aborted,
+    Committed,
+}
+
+impl WriteOutcome {
+    fn label(&self) -> &'static str {
+        match self {
+            WriteOutcome::Refused => "refused",
+            WriteOutcome::Aborted => "aborted",
+            WriteOutcome::Committed => "committed",
+        }
+    }
+}
+
+async fn write_file<S>(
+    stream: &mut S,
+    blocks: &BlockService,
+    body_len: usize,
+    ended: &mut WriteOutcome,
+) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut body = vec![0u8; body_len];
     stream.read_exact(&mut body).await?;
     let begin = match WriteBegin::decode_body(&body) {
@@ -41,6 +75,8 @@ where
             return respond(stream, begin.req_id, Err((e.kind(), e.to_string()))).await;
         }
     };
+    // From here on a write that does not commit is an abort.
+    *ended = WriteOutcome::Aborted;
     respond(stream, begin.req_id, Ok(())).await?;
     // The first failure is kept and answered at WriteEnd; data frames after it are read and
     // dropped so the connection's framing stays intact.
@@ -90,6 +126,7 @@ where
     };
     match outcome {
         Ok(()) => {
+            *ended = WriteOutcome::Committed;
             info!(path = %begin.path, bytes = written, ms = started.elapsed().as_millis() as u64, "file written");
             respond(stream, begin.req_id, Ok(())).await
         }
