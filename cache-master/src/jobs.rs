@@ -26,6 +26,22 @@ pub const MAX_ATTEMPTS: u32 = 5;
 pub const LEASE: Duration = Duration::from_secs(60);
 /// Failed files kept (with reasons) per job; the count goes on beyond.
 pub const MAX_FAILURES_KEPT: usize = 1000;
+/// Longest failure reason kept, so a job's failure list stays a bounded message (1,000 of them
+/// fit in about 1 MiB).
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// `reason`, cut at a character boundary to [`MAX_REASON_BYTES`].
+fn kept_reason(mut reason: String) -> String {
+    if reason.len() > MAX_REASON_BYTES {
+        let mut cut = MAX_REASON_BYTES - '…'.len_utf8();
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+        reason.push('…');
+    }
+    reason
+}
 
 /// The job's options, as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -274,7 +290,7 @@ impl Job {
             if let Some(reason) = f.failure
                 && self.record.failures.len() < MAX_FAILURES_KEPT
             {
-                self.record.failures.push((f.path, reason));
+                self.record.failures.push((f.path, kept_reason(reason)));
             }
             self.record.cursor = Some(f.ufs_path);
             self.dirty = true;
@@ -646,7 +662,7 @@ impl Jobs {
                 && f.blocks_left == 0
                 && failures.len() < MAX_FAILURES_KEPT
             {
-                failures.push(FileFailure { path: f.path.clone(), reason: reason.clone() });
+                failures.push(FileFailure { path: f.path.clone(), reason: kept_reason(reason.clone()) });
             }
         }
         if let Some(e) = &r.error {
@@ -711,6 +727,16 @@ pub fn backoff(attempt: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn failure_reasons_are_bounded_at_a_character_boundary() {
+        assert_eq!(kept_reason("short".into()), "short");
+        let long = "é".repeat(MAX_REASON_BYTES);
+        let kept = kept_reason(long);
+        assert!(kept.len() <= MAX_REASON_BYTES, "{} bytes", kept.len());
+        assert!(kept.ends_with('…') && kept.starts_with("éé"));
+    }
+
     use strata_common::Member;
     use strata_common::ring::DEFAULT_VNODES;
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use moka::future::Cache;
 use strata_common::{SharedClock, block, path};
-use strata_ufs::{ObjectMeta, UfsEntry, UfsFactory};
+use strata_ufs::{ObjectMeta, UfsEntry, UfsError, UfsFactory};
 use tracing::info;
 
 use crate::error::OpError;
@@ -56,10 +56,15 @@ pub struct Metadata {
     factory: Arc<dyn UfsFactory>,
     store: Arc<dyn MetaStore>,
     stats: Cache<String, Arc<Cached<ObjectMeta>>>,
-    lists: Cache<String, Arc<Cached<Vec<UfsEntry>>>>,
+    /// Directory listings sorted by name, weighed by their entries.
+    lists: Cache<String, Arc<Cached<Arc<Vec<UfsEntry>>>>>,
     /// Cached entries age on this clock.
     clock: SharedClock,
 }
+
+/// Listed entries the cache holds per stat it holds (`cache_entries`): a listing entry is small,
+/// and a directory of a million files must fit whole.
+pub const LISTED_ENTRIES_PER_STAT: u64 = 10;
 
 /// What [`Metadata::new`] starts from.
 pub struct MetadataParams {
@@ -68,7 +73,7 @@ pub struct MetadataParams {
     pub first_epoch: u64,
     pub factory: Arc<dyn UfsFactory>,
     pub store: Arc<dyn MetaStore>,
-    /// Stats kept; listings get a tenth of it.
+    /// Stats kept; listings hold [`LISTED_ENTRIES_PER_STAT`] times as many entries in all.
     pub cache_entries: u64,
     pub clock: SharedClock,
 }
@@ -82,7 +87,13 @@ impl Metadata {
             factory: p.factory,
             store: p.store,
             stats: Cache::builder().max_capacity(p.cache_entries).build(),
-            lists: Cache::builder().max_capacity(p.cache_entries / 10 + 1).build(),
+            // A large directory must fit, or every page of its listing would list it again.
+            lists: Cache::builder()
+                .weigher(|_, l: &Arc<Cached<Arc<Vec<UfsEntry>>>>| {
+                    u32::try_from(l.value.len()).unwrap_or(u32::MAX).saturating_add(1)
+                })
+                .max_capacity(p.cache_entries.saturating_mul(LISTED_ENTRIES_PER_STAT))
+                .build(),
             clock: p.clock,
         }
     }
@@ -146,20 +157,10 @@ impl Metadata {
             return Ok((r.mount, if after.is_empty() { vec![entry] } else { Vec::new() }, None));
         }
         // A later page reuses the listing the first one cached (unless it expired).
-        let cached = if sync && after.is_empty() { None } else { self.lists.get(&r.path).await };
-        let listing = match cached {
-            Some(hit) if self.fresh(&hit, &r.mount) => hit,
-            _ => {
-                let mut entries = r.mount.ufs.list(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
-                entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-                let fresh = self.cached(entries);
-                if !r.mount.metadata_ttl.is_zero() {
-                    self.lists.insert(r.path.clone(), fresh.clone()).await;
-                }
-                fresh
-            }
-        };
-        let all = &listing.value;
+        let all = self
+            .dir_listing(&r.path, &r.rel, &r.mount, !(sync && after.is_empty()))
+            .await
+            .map_err(|e| OpError::ufs(&r.path, e))?;
         let start = if after.is_empty() { 0 } else { all.partition_point(|e| e.name.as_str() <= after) };
         let end = start.saturating_add(limit.max(1)).min(all.len());
         let entries = all[start..end]
@@ -172,6 +173,30 @@ impl Metadata {
             .collect();
         let next = (end < all.len()).then(|| all[end - 1].name.clone());
         Ok((r.mount, entries, next))
+    }
+
+    /// A directory's entries sorted by name: the cached listing while fresh (when `use_cache`),
+    /// else the UFS's, cached for the mount's TTL.
+    async fn dir_listing(
+        &self,
+        path: &str,
+        rel: &str,
+        mount: &Mount,
+        use_cache: bool,
+    ) -> Result<Arc<Vec<UfsEntry>>, UfsError> {
+        if use_cache
+            && let Some(hit) = self.lists.get(path).await
+            && self.fresh(&hit, mount)
+        {
+            return Ok(hit.value.clone());
+        }
+        let mut entries = mount.ufs.list(rel).await?;
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let entries = Arc::new(entries);
+        if !mount.metadata_ttl.is_zero() {
+            self.lists.insert(path.to_string(), self.cached(entries.clone())).await;
+        }
+        Ok(entries)
     }
 
     /// One page of every file under a path (recursively; the file itself when it is one), in
@@ -195,7 +220,14 @@ impl Metadata {
         }
         let base_depth = if r.rel.is_empty() { 0 } else { r.rel.split('/').count() };
         let mount = r.mount.clone();
-        let mut listing = mount.ufs.list_recursive(&r.rel, (!after.is_empty()).then_some(after));
+        let after = (!after.is_empty()).then_some(after);
+        // A walk goes through the cached listings, so the pages of a large directory list it
+        // once, not once per page; a service's own ordered listing starts at the page.
+        let mut listing = if mount.ufs.lists_recursively() {
+            mount.ufs.list_recursive(&r.rel, after)
+        } else {
+            strata_ufs::walk(CachedTree { metadata: self, mount: &mount }, &r.rel, after)
+        };
         let mut entries = Vec::new();
         let mut last_seen = None;
         while let Some(file) = listing.next().await {
@@ -364,5 +396,23 @@ impl Metadata {
 
     pub fn mount_count(&self) -> usize {
         read(&self.mounts).len()
+    }
+}
+
+/// A mount's tree as the metadata cache sees it, for walks.
+struct CachedTree<'a> {
+    metadata: &'a Metadata,
+    mount: &'a Mount,
+}
+
+#[async_trait::async_trait]
+impl strata_ufs::DirTree for CachedTree<'_> {
+    async fn stat(&self, rel: &str) -> Result<ObjectMeta, UfsError> {
+        self.mount.ufs.stat(rel).await
+    }
+
+    async fn list_sorted(&self, rel: &str) -> Result<Arc<Vec<UfsEntry>>, UfsError> {
+        let path = path::join(&self.mount.record.path, rel);
+        self.metadata.dir_listing(&path, rel, self.mount, true).await
     }
 }

@@ -58,6 +58,22 @@ async fn a_directory_of_100k_entries_lists_in_pages_and_find_streams_a_tree() {
     // The whole listing through the SDK's convenience call.
     assert_eq!(client.list("/data/flat").await.unwrap().len(), ENTRIES);
 
+    // find over the flat directory: 100 pages, but the directory is listed by the UFS once
+    // (the walk goes through the master's cached listing; bisection finds each page's start).
+    let lists_before = cluster.counters().lists.load(std::sync::atomic::Ordering::SeqCst);
+    let (mut token, mut found) = (String::new(), 0usize);
+    loop {
+        let (page, next) = client.find_page("/data/flat", &token, 0, 0).await.unwrap();
+        found += page.len();
+        match next {
+            Some(n) => token = n,
+            None => break,
+        }
+    }
+    assert_eq!(found, ENTRIES);
+    let lists = cluster.counters().lists.load(std::sync::atomic::Ordering::SeqCst) - lists_before;
+    assert!(lists <= 1, "a paged find listed the directory {lists} times");
+
     // find: every file of a tree in one paged stream, depth-limited on request.
     for d in 0..30 {
         for f in 0..10 {

@@ -116,7 +116,14 @@ pub trait Ufs: Send + Sync + 'static {
         dir: &'a str,
         start_after: Option<&'a str>,
     ) -> BoxStream<'a, Result<UfsFile>> {
-        walk(self, dir, start_after)
+        walk(Plain(self), dir, start_after)
+    }
+
+    /// Whether [`Ufs::list_recursive`] is the service's own ordered listing that starts after a
+    /// key (one request per page), rather than a walk over [`Ufs::list`]. A caller with cached
+    /// listings walks them instead when it is not ([`walk`]).
+    fn lists_recursively(&self) -> bool {
+        false
     }
 }
 
@@ -134,78 +141,119 @@ pub fn path_order(a: &str, b: &str) -> std::cmp::Ordering {
     a.split('/').cmp(b.split('/'))
 }
 
-/// Depth-first walk over [`Ufs::list`], one sorted directory listing per level.
-pub(crate) fn walk<'a, U: Ufs + ?Sized>(
-    ufs: &'a U,
+/// What a depth-first walk reads of a tree: a path's metadata and a directory's entries. A
+/// [`Ufs`] walks its own [`Ufs::list`] (the default [`Ufs::list_recursive`]); a caller that
+/// keeps listings (the master's metadata cache) walks through them with [`walk`], so paging
+/// through a large directory lists it once rather than once per page.
+#[async_trait]
+pub trait DirTree: Send + Sync {
+    async fn stat(&self, path: &str) -> Result<ObjectMeta>;
+    /// A directory's direct children sorted by name (names hold no `/`).
+    async fn list_sorted(&self, dir: &str) -> Result<Arc<Vec<UfsEntry>>>;
+}
+
+/// A [`Ufs`] as a [`DirTree`], listing it afresh each time.
+struct Plain<'a, U: ?Sized>(&'a U);
+
+#[async_trait]
+impl<U: Ufs + ?Sized> DirTree for Plain<'_, U> {
+    async fn stat(&self, path: &str) -> Result<ObjectMeta> {
+        self.0.stat(path).await
+    }
+
+    async fn list_sorted(&self, dir: &str) -> Result<Arc<Vec<UfsEntry>>> {
+        let mut entries = self.0.list(dir).await?;
+        for e in &mut entries {
+            let trimmed = e.name.trim_end_matches('/').len();
+            e.name.truncate(trimmed);
+        }
+        entries.retain(|e| !e.name.is_empty());
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(Arc::new(entries))
+    }
+}
+
+/// One directory level of a walk: its sorted entries and the next one to visit.
+struct Level {
+    base: String,
+    entries: Arc<Vec<UfsEntry>>,
+    next: usize,
+}
+
+impl Level {
+    /// The level from its first entry not wholly before `start_after`: one after it in
+    /// [`path_order`], or a directory that holds it. Siblings' paths sort as their names do, so
+    /// that entry is found by bisection, not by a scan.
+    fn new(base: &str, entries: Arc<Vec<UfsEntry>>, start_after: Option<&str>) -> Self {
+        let next = match start_after {
+            None => 0,
+            Some(after) => entries.partition_point(|e| {
+                let path = join(base, &e.name);
+                let holds_after =
+                    e.meta.is_dir && after.strip_prefix(path.as_str()).is_some_and(|r| r.starts_with('/'));
+                path_order(&path, after) != std::cmp::Ordering::Greater && !holds_after
+            }),
+        };
+        Self { base: base.to_string(), entries, next }
+    }
+}
+
+fn join(base: &str, name: &str) -> String {
+    if base.is_empty() { name.to_string() } else { format!("{base}/{name}") }
+}
+
+/// Every file under `dir` of `tree` (`dir` itself when it is a file), depth first in
+/// [`path_order`], after `start_after` when given: memory is one directory listing per depth,
+/// subtrees wholly before `start_after` are not listed, and only the files yielded are copied.
+pub fn walk<'a, T: DirTree + 'a>(
+    tree: T,
     dir: &'a str,
     start_after: Option<&'a str>,
 ) -> BoxStream<'a, Result<UfsFile>> {
     enum Step {
         Start,
-        Walking(Vec<std::vec::IntoIter<(String, ObjectMeta)>>),
+        Walking(Vec<Level>),
         Done,
     }
-    let join =
-        |base: &str, name: &str| if base.is_empty() { name.to_string() } else { format!("{base}/{name}") };
-    futures::stream::unfold(Step::Start, move |step| async move {
+    futures::stream::unfold((tree, Step::Start), move |(tree, step)| async move {
         let mut stack = match step {
             Step::Done => return None,
             Step::Start => {
                 let root = dir.trim_matches('/');
-                match ufs.stat(root).await {
+                match tree.stat(root).await {
                     Ok(_) if start_after == Some(root) => return None,
                     Ok(meta) if !meta.is_dir => {
-                        return Some((Ok(UfsFile { path: root.to_string(), meta }), Step::Done));
+                        return Some((Ok(UfsFile { path: root.to_string(), meta }), (tree, Step::Done)));
                     }
                     Ok(_) => {}
-                    Err(e) => return Some((Err(e), Step::Done)),
+                    Err(e) => return Some((Err(e), (tree, Step::Done))),
                 }
-                match ufs.list(root).await {
-                    Ok(entries) => vec![sorted(root, entries, join, start_after)],
-                    Err(e) => return Some((Err(e), Step::Done)),
+                match tree.list_sorted(root).await {
+                    Ok(entries) => vec![Level::new(root, entries, start_after)],
+                    Err(e) => return Some((Err(e), (tree, Step::Done))),
                 }
             }
             Step::Walking(stack) => stack,
         };
         loop {
             let top = stack.last_mut()?;
-            let Some((path, meta)) = top.next() else {
+            let Some(entry) = top.entries.get(top.next) else {
                 stack.pop();
                 continue;
             };
-            if !meta.is_dir {
-                return Some((Ok(UfsFile { path, meta }), Step::Walking(stack)));
+            top.next += 1;
+            let path = join(&top.base, &entry.name);
+            if !entry.meta.is_dir {
+                let meta = entry.meta.clone();
+                return Some((Ok(UfsFile { path, meta }), (tree, Step::Walking(stack))));
             }
-            match ufs.list(&path).await {
-                Ok(entries) => stack.push(sorted(&path, entries, join, start_after)),
-                Err(e) => return Some((Err(e), Step::Done)),
+            match tree.list_sorted(&path).await {
+                Ok(entries) => stack.push(Level::new(&path, entries, start_after)),
+                Err(e) => return Some((Err(e), (tree, Step::Done))),
             }
         }
     })
     .boxed()
-}
-
-/// A directory level in walk order, without what lies wholly before `start_after`.
-fn sorted(
-    base: &str,
-    entries: Vec<UfsEntry>,
-    join: impl Fn(&str, &str) -> String,
-    start_after: Option<&str>,
-) -> std::vec::IntoIter<(String, ObjectMeta)> {
-    let mut out: Vec<(String, ObjectMeta)> = entries
-        .into_iter()
-        .filter(|e| !e.name.is_empty())
-        .map(|e| (join(base, e.name.trim_end_matches('/')), e.meta))
-        .filter(|(path, meta)| match start_after {
-            None => true,
-            Some(after) => {
-                path_order(path, after) == std::cmp::Ordering::Greater
-                    || (meta.is_dir && after.strip_prefix(path.as_str()).is_some_and(|r| r.starts_with('/')))
-            }
-        })
-        .collect();
-    out.sort_by(|a, b| path_order(&a.0, &b.0));
-    out.into_iter()
 }
 
 /// Turns a mount's URI and options into a [`Ufs`].

@@ -246,13 +246,17 @@ impl Ufs for OpendalUfs {
         Ok(bytes)
     }
 
+    fn lists_recursively(&self) -> bool {
+        matches!(self.recursive_listing, RecursiveListing::Ordered { start_after: true })
+    }
+
     fn list_recursive<'a>(
         &'a self,
         dir: &'a str,
         start_after: Option<&'a str>,
     ) -> BoxStream<'a, Result<UfsFile>> {
         let RecursiveListing::Ordered { start_after: service_skips } = self.recursive_listing else {
-            return crate::walk(self, dir, start_after);
+            return crate::walk(crate::Plain(self), dir, start_after);
         };
         let root = dir.trim_matches('/');
         let one = |item: Result<UfsFile>| stream::iter([item]).boxed();

@@ -78,6 +78,10 @@ impl Ufs for CountingUfs {
         self.inner.list_recursive(dir, start_after)
     }
 
+    fn lists_recursively(&self) -> bool {
+        self.inner.lists_recursively()
+    }
+
     async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes> {
         let delay = self.faults.read_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
