@@ -131,6 +131,18 @@ class StrataFileSystem(AbstractFileSystem):
         names = sorted(out)
         return {n: out[n] for n in names} if detail else names
 
+    def du(self, path, total=True, maxdepth=None, withdirs=False, **kwargs):
+        """Bytes used under ``path``, as fsspec's ``du``, from the sizes the paged ``find``
+        already carries (fsspec's generic ``du`` asks ``info`` once per file)."""
+        sizes = {}
+        if withdirs and self.isdir(path):
+            info = self.info(path)
+            sizes[info["name"]] = info["size"]
+        found = self.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=True, **kwargs)
+        for name, info in found.items():
+            sizes[name] = info["size"]
+        return sum(sizes.values()) if total else sizes
+
     def info(self, path, **kwargs):
         return self._client.stat(self._strip_protocol(path), bool(kwargs.get("refresh", False)))
 
