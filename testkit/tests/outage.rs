@@ -71,7 +71,7 @@ async fn cached_stats_and_listings_outlive_their_ttl_while_the_master_is_down_un
     // Past the grace (300 s from the first failure, at 61 s): a clear error, for stats and
     // listings.
     clock.advance(Duration::from_secs(301));
-    let err = client.read_all("/data/dir/a.bin").await.err().expect("past the grace");
+    let Err(err) = client.read_all("/data/dir/a.bin").await else { panic!("a read past the grace") };
     assert!(matches!(err, ClientError::MasterUnavailable(_)), "{err:?}");
     assert!(err.to_string().contains("unreachable since") && err.to_string().contains("grace"), "{err}");
     let err = client.list("/data/dir").await.unwrap_err();
@@ -165,11 +165,23 @@ async fn a_worker_keeps_serving_without_the_master_and_rereports_every_block_whe
     }
     cluster.flush().await;
     let total_blocks = files.iter().map(|(_, d)| d.len().div_ceil(MIB) as u64).sum::<u64>();
-    eventually("every block is in the block map", Duration::from_secs(10), || async {
-        client.status().await.unwrap().blocks >= total_blocks
+    // Settled: every block (and its NVMe copy, written back at the flush) reported, the count
+    // unchanged over several heartbeats.
+    let seen = std::sync::Mutex::new(Vec::new());
+    eventually("every block is in the block map", Duration::from_secs(20), || {
+        let client = client.clone();
+        let seen = &seen;
+        async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let blocks = client.status().await.unwrap().blocks;
+            let mut seen = seen.lock().unwrap();
+            seen.push(blocks);
+            let last = &seen[seen.len().saturating_sub(6)..];
+            last.len() == 6 && last.iter().all(|&b| b == last[0] && b >= total_blocks)
+        }
     })
     .await;
-    let before = client.status().await.unwrap().blocks;
+    let before = *seen.lock().unwrap().last().unwrap();
 
     cluster.stop_master().await;
     let ufs_reads = cluster.ufs_reads();
