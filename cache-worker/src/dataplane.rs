@@ -8,6 +8,10 @@
 //! what it can carry: a descriptor grant asked on TCP is refused with an error frame, since
 //! only a Unix socket can pass a descriptor.
 //!
+//! Two small requests answer metadata rather than bytes, for clients whose master is
+//! unreachable: `View` (the worker's [`LastView`] of membership and mounts) and `Stat` (a path
+//! stat at the UFS through the worker's mount, answered as the master would).
+//!
 //! A malformed frame gets an error frame and the connection is closed (its framing can no
 //! longer be trusted); a request that is well-framed but wrong gets an error frame and the
 //! connection stays usable. Either way the worker keeps serving everyone else.
@@ -21,8 +25,8 @@ use std::time::Instant;
 use strata_common::ErrorKind;
 use strata_common::fdpass::write_all_with_fd;
 use strata_common::frame::{
-    self, BlockGrant, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
-    RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, decode_request_header,
+    self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
+    RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, StatRequest, decode_request_header,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
@@ -31,8 +35,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use crate::blocks::{BlockRead, BlockService, Payload, Served};
+use crate::error::ServeError;
 use crate::grants::Grants;
 use crate::metrics_defs as m;
+use crate::view::LastView;
 
 /// Small payloads go out in one write with their header; large ones in two writes, without
 /// copying the block.
@@ -43,6 +49,8 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 pub struct DataPlane {
     pub blocks: Arc<BlockService>,
     pub grants: Arc<Grants>,
+    /// What the worker last learnt of the cluster, for `View` requests.
+    pub view: Arc<LastView>,
 }
 
 /// The wire request as a storage request.
@@ -265,6 +273,32 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     }
                 }
             }
+            Ok((frame::Op::View, len)) => {
+                if let Some(req_id) = read_body(&mut stream, len, frame::decode_view_body).await? {
+                    match plane.view.encoded() {
+                        Some(view) => send_data(&mut stream, req_id, Source::Memory, &view).await?,
+                        None => {
+                            let msg = "this worker has not heard from the master since it started";
+                            send_error(&mut stream, req_id, ErrorKind::Unavailable, msg).await?
+                        }
+                    }
+                }
+            }
+            Ok((frame::Op::Stat, len)) => {
+                if let Some(req) = read_body(&mut stream, len, StatRequest::decode_body).await? {
+                    match stat(&plane, &req.path).await {
+                        Ok(answer) => {
+                            send_data(&mut stream, req.req_id, Source::Ufs, &answer.encode()).await?
+                        }
+                        // Not under a mount of a table never fetched: this worker cannot tell.
+                        Err(ServeError::NoMount(p)) if plane.blocks.mounts().epoch() == 0 => {
+                            let msg = format!("{p}: this worker has not learnt the mount table yet");
+                            send_error(&mut stream, req.req_id, ErrorKind::Unavailable, &msg).await?
+                        }
+                        Err(e) => send_error(&mut stream, req.req_id, e.kind(), &e.to_string()).await?,
+                    }
+                }
+            }
             // The connection becomes the lifetime of an RDMA queue pair.
             Ok((frame::Op::RdmaConnect, len)) => return rdma_connect(&mut stream, &plane, len).await,
             Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
@@ -303,6 +337,26 @@ async fn serve_read<S: Connection>(
             send_error(stream, req.req_id, e.kind(), &e.to_string()).await
         }
     }
+}
+
+/// A path's metadata from the UFS through this worker's mount, as the master's `Stat` answers it.
+async fn stat(plane: &DataPlane, raw: &str) -> Result<FileStat, ServeError> {
+    let resolved = plane.blocks.mounts().resolve(raw).await?;
+    let meta = resolved.mount.ufs.stat(&resolved.rel).await?;
+    let file_id = if meta.is_dir {
+        String::new()
+    } else {
+        strata_common::block::file_identity(&resolved.mount.uri, &resolved.rel, resolved.mount.block_size)
+    };
+    Ok(FileStat {
+        path: resolved.path,
+        is_dir: meta.is_dir,
+        size: meta.size,
+        version: meta.version,
+        mtime_ms: meta.mtime_ms,
+        block_size: resolved.mount.block_size,
+        file_id,
+    })
 }
 
 async fn serve_open<S: Connection>(

@@ -30,6 +30,7 @@ pub mod qos;
 pub mod sidecar;
 pub mod stats;
 pub mod tier;
+pub mod view;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -188,7 +189,7 @@ impl Worker {
             None => load_or_create_id(&config.data_dir)?,
         };
         let blocks = open_blocks(&config, factory, clock.clone()).await?;
-        let grants = Arc::new(Grants::from_config(&config, clock)?);
+        let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
         let master = master_link::connect(&config.master_addr).map_err(|e| WorkerError::MasterAddr {
             addr: config.master_addr.clone(),
             reason: e.to_string(),
@@ -209,7 +210,9 @@ impl Worker {
             None => data_addr.ip().to_string(),
         };
         let cancel = CancellationToken::new();
-        let plane = dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone() };
+        let view = Arc::new(view::LastView::default());
+        let plane =
+            dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone(), view: view.clone() };
         let dp = tokio::spawn(dataplane::serve(listener, plane, cancel.clone()));
         let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
 
@@ -218,7 +221,14 @@ impl Worker {
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
         };
-        let link = tokio::spawn(master_link::run(master.clone(), identity, blocks.clone(), cancel.clone()));
+        let link = tokio::spawn(master_link::run(
+            master.clone(),
+            identity,
+            blocks.clone(),
+            view,
+            clock,
+            cancel.clone(),
+        ));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
         info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %config.nvme_dir().display(), "worker started");

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use strata_common::SharedClock;
 use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::master_client::MasterClient;
 use strata_proto::{
-    BlockReport, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage, WorkerCounters,
-    WorkerMountsRequest,
+    BlockReport, Empty, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage,
+    WorkerCounters, WorkerMountsRequest,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -24,6 +25,7 @@ use crate::metrics_defs as m;
 use crate::mounts::{MountSnapshot, MountSource, MountSpec};
 use crate::stats::CounterSnapshot;
 use crate::tier::{Tier, TierEvent, TierKind};
+use crate::view::LastView;
 
 /// Most blocks one heartbeat reports: a full report of a worker holding millions of blocks goes
 /// out as a sequence of heartbeats (sent back to back), each a bounded message.
@@ -74,6 +76,26 @@ impl MountSource for MasterMounts {
     }
 }
 
+/// Asks the master for the membership and the client-facing mount table (secrets redacted)
+/// and keeps them as the worker's last view, for clients that cannot reach the master.
+pub async fn refresh_view(client: &MasterClient<Channel>, view: &LastView, clock: &SharedClock) {
+    let mut client = client.clone();
+    let fetched = async {
+        let membership = client.get_membership(Empty {}).await?.into_inner();
+        let mounts = client.list_mounts(Empty {}).await?.into_inner();
+        Ok::<_, tonic::Status>((membership, mounts))
+    };
+    match fetched.await {
+        Ok((membership, mounts)) => view.set(membership, mounts, clock.wall_ms()),
+        Err(status) => warn!(err = %status.message(), "cannot fetch the cluster view; keeping the last one"),
+    }
+}
+
+/// Whether the view is older than the epochs the master just announced.
+fn view_is_behind(view: &LastView, membership_epoch: u64, mounts_epoch: u64) -> bool {
+    view.epochs() != Some((membership_epoch, mounts_epoch))
+}
+
 fn proto_tier(kind: TierKind) -> ProtoTier {
     match kind {
         TierKind::Memory => ProtoTier::Memory,
@@ -113,11 +135,13 @@ fn proto_counters(c: CounterSnapshot) -> WorkerCounters {
     }
 }
 
-/// Registers and heartbeats until `cancel`.
+/// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
 pub async fn run(
     client: MasterClient<Channel>,
     id: Identity,
     blocks: Arc<BlockService>,
+    view: Arc<LastView>,
+    clock: SharedClock,
     cancel: CancellationToken,
 ) {
     let mut client = client;
@@ -147,6 +171,7 @@ pub async fn run(
                     if resp.mounts_epoch != blocks.mounts().epoch() {
                         blocks.mounts().refresh().await;
                     }
+                    refresh_view(&client, &view, &clock).await;
                 }
                 Err(status) => {
                     warn!(worker = %id.worker_id, err = %status.message(), "registration failed; retrying");
@@ -199,6 +224,10 @@ pub async fn run(
                 }
                 if resp.mounts_epoch != blocks.mounts().epoch() {
                     blocks.mounts().refresh().await;
+                }
+                view.touch(clock.wall_ms());
+                if view_is_behind(&view, resp.membership_epoch, resp.mounts_epoch) {
+                    refresh_view(&client, &view, &clock).await;
                 }
             }
             Err(status) => {

@@ -75,14 +75,17 @@ pub async fn start_with_clock(
     let worker_id =
         config.worker_id.clone().unwrap_or_else(|| format!("sidecar-{}", uuid::Uuid::new_v4().simple()));
     let blocks = crate::open_blocks(&config, factory, clock.clone()).await?;
-    let grants = Arc::new(Grants::from_config(&config, clock)?);
+    let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
     blocks.set_upstream(upstream);
     let master = master_link::connect(&config.master_addr)
         .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
-    blocks
-        .mounts()
-        .set_source(Arc::new(master_link::MasterMounts { client: master, worker_id: worker_id.clone() }));
+    blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
+        client: master.clone(),
+        worker_id: worker_id.clone(),
+    }));
     blocks.mounts().refresh().await;
+    let view = Arc::new(crate::view::LastView::default());
+    master_link::refresh_view(&master, &view, &clock).await;
 
     let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
     // A socket file left by an earlier container of this pod would make bind fail.
@@ -103,14 +106,18 @@ pub async fn start_with_clock(
     }
 
     let cancel = CancellationToken::new();
-    let plane = dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone() };
+    let plane = dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone(), view: view.clone() };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;
     let refresher = {
         let blocks = blocks.clone();
         spawn_loop(MOUNT_REFRESH, cancel.clone(), move || {
-            let blocks = blocks.clone();
-            async move { blocks.mounts().refresh().await }
+            let (blocks, master, view, clock) = (blocks.clone(), master.clone(), view.clone(), clock.clone());
+            async move {
+                blocks.mounts().refresh().await;
+                // A sidecar never heartbeats: its view is refreshed with its mounts.
+                master_link::refresh_view(&master, &view, &clock).await;
+            }
         })
     };
     info!(sidecar = %worker_id, socket = %socket_path.display(), %http_addr, "sidecar started");

@@ -78,6 +78,13 @@ impl ClientError {
         self.kind().is_temporary()
     }
 
+    /// Whether this is the master being unreachable (a failed or timed-out connection, or the
+    /// master saying `unavailable`), as opposed to any answer it gave — `not_found`, a UFS
+    /// failure it relayed. Only this starts serving cached metadata.
+    pub fn is_master_outage(&self) -> bool {
+        matches!(self, ClientError::MasterUnavailable(_))
+    }
+
     pub(crate) fn from_kind(kind: ErrorKind, message: String) -> Self {
         match kind {
             ErrorKind::InvalidArgument => ClientError::InvalidArgument(message),

@@ -130,6 +130,7 @@ impl Client {
     }
 
     fn forget_local(&self, p: &str, subtree: bool) {
+        self.inner.listings.forget(p);
         let mut stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner());
         stats.remove(p);
         if subtree {

@@ -14,10 +14,17 @@
 //! from the cluster over TCP as usual, so a missing sidecar slows a job down but never fails it.
 //! Before the framed read, the sidecar is asked for a short-circuit grant (`shortcircuit`): a
 //! passed file descriptor mapped in place; any failure there falls back to the framed read.
+//!
+//! When the master is unreachable (`outage`), the client answers metadata from what it has seen
+//! (stats, whole listings, membership and mounts) for `master_outage_grace`, asks a worker to
+//! stat at the UFS what it has not seen, and a client that cannot reach the master at start
+//! starts from a worker's or the sidecar's last view of the cluster.
 
 mod error;
 mod fsops;
 mod jobs;
+mod listings;
+pub mod outage;
 mod rdma;
 mod reader;
 pub mod shortcircuit;
@@ -30,20 +37,22 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strata_common::frame::ReadBlockRequest;
+use strata_common::frame::{FileStat, ReadBlockRequest, StatRequest};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, SharedClock, block_slices, path};
 use strata_proto::master_client::MasterClient;
-use strata_proto::{
-    AddMountRequest, ClusterStatus, Empty, ListRequest, MountInfo, RemoveMountRequest, StatRequest,
-};
+use strata_proto::{AddMountRequest, ClusterStatus, Empty, ListRequest, MountInfo, RemoveMountRequest};
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
-use transport::Sink;
+use transport::{Sink, Via};
+
+use crate::listings::{ListKey, Listings, STALE_TOKEN};
+use crate::outage::{FALLBACK_DEADLINE, Outage};
 
 pub use error::{ClientError, Result, Unserved};
 pub use fsops::StrataWriter;
 pub use jobs::job_finished;
+pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
 #[cfg(feature = "rdma")]
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
@@ -60,6 +69,9 @@ pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";
 pub const METRIC_SIDECAR_FALLBACKS: &str = "strata_client_sidecar_fallbacks_total";
 /// Environment variable naming the sidecar's Unix socket (read by [`ClientConfig::new`]).
 pub const SIDECAR_SOCKET_ENV: &str = "STRATA_SIDECAR_SOCKET";
+/// Environment variable listing workers' data addresses (`host:port,host:port`) a client asks
+/// for the cluster's view when the master is unreachable at start (read by [`ClientConfig::new`]).
+pub const WORKERS_ENV: &str = "STRATA_WORKERS";
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -92,6 +104,19 @@ pub struct ClientConfig {
     /// Read workers through RDMA grants ([`RdmaTransport`]) instead of plain TCP. Default
     /// [`RdmaMode::Off`]; any RDMA failure falls back to TCP for that read.
     pub rdma: RdmaMode,
+    /// How long, from the start of a master outage, the client serves the metadata it has
+    /// (stats past their TTL, listings it saw whole) and stats workers make at the UFS; after
+    /// it metadata calls fail, saying since when the master is unreachable. Default
+    /// `STRATA_MASTER_OUTAGE_GRACE` (`5m`, `90s`; `0` serves nothing stale), else 5 minutes.
+    pub master_outage_grace: Duration,
+    /// Workers' data addresses (`host:port`) asked for their view of membership and mounts
+    /// when the master is unreachable at start, after the sidecar. Default `STRATA_WORKERS`
+    /// (comma-separated), else none.
+    pub workers: Vec<String>,
+    /// Most entries of listings kept (whole listings, least recently used dropped first) to
+    /// answer `list`/`find` while the master is unreachable; 0 keeps none. Default 100000
+    /// (about 20 MB).
+    pub listing_cache_entries: usize,
     /// Decides metadata TTLs, the membership refresh and how long short-circuit mappings are
     /// kept. Default the machine's clock; tests inject a `ManualClock` instead of sleeping.
     pub clock: SharedClock,
@@ -118,6 +143,11 @@ impl ClientConfig {
             short_circuit: shortcircuit::enabled_by_env(),
             short_circuit_cache_bytes: 1 << 30,
             rdma: RdmaMode::Off,
+            master_outage_grace: outage::grace_from_env(),
+            workers: std::env::var(WORKERS_ENV)
+                .map(|v| v.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect())
+                .unwrap_or_default(),
+            listing_cache_entries: 100_000,
             clock: strata_common::clock::system(),
         }
     }
@@ -134,6 +164,20 @@ pub struct FileInfo {
     pub block_size: u64,
     /// The UFS identity blocks are keyed by.
     pub file_id: String,
+}
+
+impl From<FileStat> for FileInfo {
+    fn from(s: FileStat) -> Self {
+        Self {
+            path: s.path,
+            is_dir: s.is_dir,
+            size: s.size,
+            version: s.version,
+            mtime_ms: s.mtime_ms,
+            block_size: s.block_size,
+            file_id: s.file_id,
+        }
+    }
 }
 
 impl From<strata_proto::FileStatus> for FileInfo {
@@ -177,6 +221,8 @@ struct Inner {
     view: RwLock<View>,
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
     failovers: std::sync::atomic::AtomicU64,
+    outage: Outage,
+    listings: Listings,
 }
 
 /// A cheap-to-clone handle; clones share connections and caches.
@@ -193,18 +239,186 @@ impl Client {
         Self::connect_with_transport(config, transport).await
     }
 
+    /// When the master cannot be reached and a sidecar or workers are configured
+    /// (`sidecar_socket`, `workers`), the client starts from the first one's last view of the
+    /// membership and mounts, in an outage that began when that worker last heard from the
+    /// master (see [`outage`]).
     pub async fn connect_with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Result<Self> {
-        let channel = master_endpoint(&config)?.connect().await.map_err(|e| {
-            ClientError::MasterUnavailable(format!(
-                "cannot reach the master at {}: {}",
-                config.master_addr,
-                error_chain(&e)
-            ))
-        })?;
+        let endpoint = master_endpoint(&config)?;
+        let can_bootstrap = config.sidecar_socket.is_some() || !config.workers.is_empty();
+        // A stopped master accepts the connection and never answers: bounded when there is
+        // somewhere else to start from.
+        let deadline =
+            if can_bootstrap { FALLBACK_DEADLINE.max(config.connect_timeout) } else { Duration::MAX };
+        let connected = match tokio::time::timeout(deadline, endpoint.connect()).await {
+            Ok(connected) => connected.map_err(|e| error_chain(&e)),
+            Err(_) => Err(format!("no connection within {} s", deadline.as_secs())),
+        };
+        let (channel, unreachable) = match connected {
+            Ok(channel) => (channel, None),
+            Err(e) => {
+                let err = ClientError::MasterUnavailable(format!(
+                    "cannot reach the master at {}: {e}",
+                    config.master_addr
+                ));
+                if !can_bootstrap {
+                    return Err(err);
+                }
+                (endpoint.connect_lazy(), Some(err))
+            }
+        };
         let view = View::empty(config.clock.now());
         let client = Self::assemble(config, transport, channel, view, HashMap::new());
-        client.refresh_view().await?;
-        Ok(client)
+        let refreshed = match unreachable {
+            None => client.refresh_view_with(can_bootstrap).await,
+            Some(err) => Err(err),
+        };
+        match refreshed {
+            Ok(()) => Ok(client),
+            Err(e) if can_bootstrap && e.is_master_outage() => {
+                client.start_from_worker_view(e).await?;
+                Ok(client)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the membership and mounts of the first worker (the sidecar first) that answers a
+    /// `View`, and begins an outage as of when that worker last heard from the master.
+    async fn start_from_worker_view(&self, master_err: ClientError) -> Result<()> {
+        let req_id = 1;
+        let frame = strata_common::frame::view_request(req_id);
+        let candidates = self.worker_candidates(None);
+        for (via, addr) in &candidates {
+            let answer = transport::ask(
+                *via,
+                addr,
+                &frame,
+                req_id,
+                strata_proto::MAX_MESSAGE_BYTES as u64,
+                self.timeouts(),
+            )
+            .await;
+            let view = match answer.map(|b| strata_proto::WorkerView::from_bytes(&b)) {
+                Ok(Ok(view)) => view,
+                Ok(Err(e)) => {
+                    debug!(worker = %addr, err = %e, "a worker's view did not decode");
+                    continue;
+                }
+                Err(e) => {
+                    debug!(worker = %addr, err = %e, "no view of the cluster from this worker");
+                    continue;
+                }
+            };
+            self.set_view(view.membership.unwrap_or_default(), view.mounts.unwrap_or_default().mounts);
+            let clock = &self.inner.config.clock;
+            self.inner.outage.started_from_worker(
+                clock.now(),
+                clock.wall_ms(),
+                view.master_seen_unix_ms,
+                addr,
+            );
+            return self.inner.outage.check_grace(clock.now());
+        }
+        let why = match master_err {
+            ClientError::MasterUnavailable(m) => m,
+            other => other.to_string(),
+        };
+        let asked: Vec<&str> = candidates.iter().map(|(_, a)| a.as_str()).collect();
+        Err(ClientError::MasterUnavailable(format!(
+            "{why}; and no worker or sidecar gave its view of the cluster (asked: {})",
+            asked.join(", ")
+        )))
+    }
+
+    fn timeouts(&self) -> (Duration, Duration) {
+        (self.inner.config.connect_timeout, self.inner.config.connect_timeout.max(FALLBACK_DEADLINE))
+    }
+
+    /// Who to ask for metadata when the master is unreachable: the sidecar, then the workers
+    /// of the last membership (ordered by the placement of `key`, to spread the asking), then
+    /// the configured ones; at most 4 over TCP.
+    fn worker_candidates(&self, key: Option<&str>) -> Vec<(Via, String)> {
+        let mut out = Vec::new();
+        if let Some(socket) = &self.inner.config.sidecar_socket {
+            out.push((Via::Unix, socket.display().to_string()));
+        }
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        let ring = if view.ring.is_empty() { &view.last_members } else { &view.ring };
+        let hash = BlockKey::new(key.unwrap_or("/").to_string(), String::new(), 0).placement_hash();
+        let known = ring.owners(hash, ring.members().len()).into_iter().map(|m| m.data_addr.clone());
+        let mut tcp: Vec<String> = Vec::new();
+        for addr in known.chain(self.inner.config.workers.iter().cloned()) {
+            if !tcp.contains(&addr) && tcp.len() < 4 {
+                tcp.push(addr);
+            }
+        }
+        out.extend(tcp.into_iter().map(|a| (Via::Tcp, a)));
+        out
+    }
+
+    /// A path's stat made at the UFS by a worker (the sidecar first): `None` when no worker
+    /// could be asked, else the answer, with the kind the worker sent for a refusal.
+    async fn stat_at_worker(&self, p: &str) -> Option<Result<FileInfo>> {
+        let req_id = 1;
+        let frame = StatRequest { req_id, path: p.to_string() }.encode();
+        for (via, addr) in self.worker_candidates(Some(p)) {
+            match transport::ask(via, &addr, &frame, req_id, 1 << 20, self.timeouts()).await {
+                Ok(bytes) => match FileStat::decode(&bytes) {
+                    Ok(stat) => return Some(Ok(FileInfo::from(stat))),
+                    Err(e) => debug!(worker = %addr, err = %e, "a worker's stat did not decode"),
+                },
+                Err(TransportError::Remote { kind, message, .. }) if !kind.is_temporary() => {
+                    return Some(Err(ClientError::from_kind(kind, message)));
+                }
+                Err(e) => {
+                    debug!(worker = %addr, path = %p, err = %e, "a worker could not stat; asking the next")
+                }
+            }
+        }
+        None
+    }
+
+    /// What this client served while the master was unreachable.
+    pub fn outage_counters(&self) -> OutageCounters {
+        self.inner.outage.counters()
+    }
+
+    /// A call to the master that moves the outage state. With `fallback` (the caller can
+    /// answer without the master) it is skipped during an outage unless a probe is due, and
+    /// bounded by [`FALLBACK_DEADLINE`]; either way it fails as `MasterUnavailable`.
+    async fn master_call<T>(
+        &self,
+        rpc: &'static str,
+        fallback: bool,
+        call: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        let clock = &self.inner.config.clock;
+        let master = &self.inner.config.master_addr;
+        if fallback && !self.inner.outage.should_ask(clock.now()) {
+            return Err(ClientError::MasterUnavailable(format!(
+                "master at {master} is unreachable (asked again in a moment)"
+            )));
+        }
+        // An outage begins when the call that found it was made, not when it gave up.
+        let (asked, asked_wall) = (clock.now(), clock.wall_ms());
+        let answer = if fallback {
+            match tokio::time::timeout(FALLBACK_DEADLINE, call).await {
+                Ok(answer) => answer.map_err(self.rpc_err(rpc)),
+                Err(_) => Err(ClientError::MasterUnavailable(format!(
+                    "master at {master}: no answer to {rpc} within {} s",
+                    FALLBACK_DEADLINE.as_secs()
+                ))),
+            }
+        } else {
+            call.await.map_err(self.rpc_err(rpc))
+        };
+        match &answer {
+            Err(e) if e.is_master_outage() => self.inner.outage.failed(asked, asked_wall, clock.now(), e),
+            // Any answer, even a refusal, is the master being there.
+            _ => self.inner.outage.recovered(clock.now()),
+        }
+        answer.map(tonic::Response::into_inner)
     }
 
     /// A client with this one's configuration and cached metadata (membership, mounts, stats)
@@ -253,6 +467,12 @@ impl Client {
                 view: RwLock::new(view),
                 stats: Mutex::new(stats),
                 failovers: Default::default(),
+                outage: Outage::new(
+                    config.master_outage_grace,
+                    config.membership_refresh,
+                    &config.master_addr,
+                ),
+                listings: Listings::new(config.listing_cache_entries),
                 config,
             }),
         }
@@ -280,10 +500,21 @@ impl Client {
 
     /// Fetches membership and mounts from the master now.
     pub async fn refresh_view(&self) -> Result<()> {
+        self.refresh_view_with(false).await
+    }
+
+    /// [`refresh_view`](Self::refresh_view); with `fallback` when the caller can go on with the
+    /// view it has (see [`master_call`](Self::master_call)).
+    async fn refresh_view_with(&self, fallback: bool) -> Result<()> {
         let mut master = self.master();
         let membership =
-            master.get_membership(Empty {}).await.map_err(self.rpc_err("get_membership"))?.into_inner();
-        let mounts = master.list_mounts(Empty {}).await.map_err(self.rpc_err("list_mounts"))?.into_inner();
+            self.master_call("get_membership", fallback, master.get_membership(Empty {})).await?;
+        let mounts = self.master_call("list_mounts", fallback, master.list_mounts(Empty {})).await?;
+        self.set_view(membership, mounts.mounts);
+        Ok(())
+    }
+
+    fn set_view(&self, membership: strata_proto::Membership, mounts: Vec<MountInfo>) {
         let members =
             membership.workers.into_iter().map(|w| Member { id: w.id, data_addr: w.data_addr }).collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
@@ -293,19 +524,22 @@ impl Client {
             view.last_members = ring.clone();
         }
         view.ring = ring;
-        view.mounts = mounts.mounts;
+        view.mounts = mounts;
         view.fetched = self.inner.config.clock.now();
-        drop(view);
-        Ok(())
     }
 
     async fn fresh_view(&self) -> Result<()> {
         let fetched = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).fetched;
         let stale = self.inner.config.clock.now().saturating_duration_since(fetched)
             > self.inner.config.membership_refresh;
-        if stale && let Err(e) = self.refresh_view().await {
-            // Cached reads go on while the master restarts: keep the last view.
-            warn!(err = %e, "cannot refresh membership; using the last one");
+        if stale && let Err(e) = self.refresh_view_with(true).await {
+            // Cached reads go on while the master is away: keep the last view (an outage is
+            // logged once, by `outage`).
+            if e.is_master_outage() {
+                debug!(err = %e, "cannot refresh membership; using the last one");
+            } else {
+                warn!(err = %e, "cannot refresh membership; using the last one");
+            }
         }
         Ok(())
     }
@@ -325,23 +559,42 @@ impl Client {
     }
 
     /// Metadata of a file or directory. `sync` bypasses every cache and asks the UFS.
+    ///
+    /// While the master is unreachable (for up to `master_outage_grace`): the last stat of the
+    /// path, however old, unless `sync`; else a stat a worker makes at the UFS.
     pub async fn stat_with(&self, raw: &str, sync: bool) -> Result<FileInfo> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        if !sync {
-            let ttl = self.ttl_for(&p);
-            if let Some((at, info)) = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).get(&p)
-                && self.inner.config.clock.now().saturating_duration_since(*at) < ttl
-            {
-                return Ok(info.clone());
-            }
+        let cached = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).get(&p).cloned();
+        if !sync
+            && let Some((at, info)) = &cached
+            && self.inner.config.clock.now().saturating_duration_since(*at) < self.ttl_for(&p)
+        {
+            return Ok(info.clone());
         }
-        let status = self
-            .master()
-            .stat(StatRequest { path: p.clone(), sync })
-            .await
-            .map_err(self.rpc_err("stat"))?
-            .into_inner();
-        let info = FileInfo::from(status);
+        let fallback = (!sync && cached.is_some()) || !self.worker_candidates(None).is_empty();
+        let mut master = self.master();
+        let req = strata_proto::StatRequest { path: p.clone(), sync };
+        let info = match self.master_call("stat", fallback, master.stat(req)).await {
+            Ok(status) => FileInfo::from(status),
+            Err(e) if e.is_master_outage() => {
+                self.inner.outage.check_grace(self.inner.config.clock.now())?;
+                match cached {
+                    Some((_, info)) if !sync => {
+                        self.inner.outage.served_stale_stat();
+                        return Ok(info);
+                    }
+                    _ => match self.stat_at_worker(&p).await {
+                        Some(answer) => {
+                            let info = answer?;
+                            self.inner.outage.served_worker_stat();
+                            info
+                        }
+                        None => return Err(e),
+                    },
+                }
+            }
+            Err(e) => return Err(e),
+        };
         let now = self.inner.config.clock.now();
         self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).insert(p, (now, info.clone()));
         Ok(info)
@@ -376,10 +629,56 @@ impl Client {
         page_size: u32,
     ) -> Result<(Vec<FileInfo>, Option<String>)> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let key = ListKey::List(p.clone());
+        if page_token.starts_with(STALE_TOKEN) {
+            return self.cached_page(&key, page_token, page_size, None);
+        }
+        let fallback = self.inner.listings.has(&key, page_token);
         let req = ListRequest { path: p, sync: false, page_token: page_token.to_string(), page_size };
-        let resp = self.master().list(req).await.map_err(self.rpc_err("list"))?.into_inner();
-        let next = (!resp.next_page_token.is_empty()).then_some(resp.next_page_token);
-        Ok((resp.entries.into_iter().map(FileInfo::from).collect(), next))
+        let mut master = self.master();
+        match self.master_call("list", fallback, master.list(req)).await {
+            Ok(resp) => Ok(self.recorded(&key, page_token, resp.entries, resp.next_page_token)),
+            Err(e) if e.is_master_outage() => self.cached_page(&key, page_token, page_size, Some(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A page the master answered, kept towards the whole listing.
+    fn recorded(
+        &self,
+        key: &ListKey,
+        token: &str,
+        entries: Vec<strata_proto::FileStatus>,
+        next: String,
+    ) -> (Vec<FileInfo>, Option<String>) {
+        let entries: Vec<FileInfo> = entries.into_iter().map(FileInfo::from).collect();
+        let next = (!next.is_empty()).then_some(next);
+        self.inner.listings.record(key, token, &entries, next.as_deref());
+        (entries, next)
+    }
+
+    /// A page of a kept listing: while the master is unreachable (`outage` is its error, for
+    /// when nothing is kept), or for a page token the cache handed out.
+    fn cached_page(
+        &self,
+        key: &ListKey,
+        token: &str,
+        page_size: u32,
+        outage: Option<ClientError>,
+    ) -> Result<(Vec<FileInfo>, Option<String>)> {
+        self.inner.outage.check_grace(self.inner.config.clock.now())?;
+        match (self.inner.listings.page(key, token, page_size), outage) {
+            (Some(page), _) => {
+                if self.inner.outage.in_outage() {
+                    self.inner.outage.served_stale_listing();
+                }
+                Ok(page)
+            }
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(ClientError::InvalidArgument(format!(
+                "page token {token:?} is of a cached listing no longer held; list again"
+            ))),
+        }
     }
 
     /// One page of every file under `raw` (recursively; the file itself for a file), in the
@@ -394,6 +693,11 @@ impl Client {
         max_depth: u32,
     ) -> Result<(Vec<FileInfo>, Option<String>)> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let key = ListKey::Find(p.clone(), max_depth);
+        if page_token.starts_with(STALE_TOKEN) {
+            return self.cached_page(&key, page_token, page_size, None);
+        }
+        let fallback = self.inner.listings.has(&key, page_token);
         let req = strata_proto::FindRequest {
             path: p,
             sync: false,
@@ -401,9 +705,12 @@ impl Client {
             page_size,
             max_depth,
         };
-        let resp = self.master().find(req).await.map_err(self.rpc_err("find"))?.into_inner();
-        let next = (!resp.next_page_token.is_empty()).then_some(resp.next_page_token);
-        Ok((resp.entries.into_iter().map(FileInfo::from).collect(), next))
+        let mut master = self.master();
+        match self.master_call("find", fallback, master.find(req)).await {
+            Ok(resp) => Ok(self.recorded(&key, page_token, resp.entries, resp.next_page_token)),
+            Err(e) if e.is_master_outage() => self.cached_page(&key, page_token, page_size, Some(e)),
+            Err(e) => Err(e),
+        }
     }
 
     /// `len` bytes from `offset` (fewer at the end of the file, none past it).
@@ -567,6 +874,7 @@ impl Client {
             .await
             .map_err(self.rpc_err("remove_mount"))?;
         self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.inner.listings.forget("/");
         self.refresh_view().await
     }
 

@@ -371,6 +371,73 @@ pub(crate) async fn connect_unix(path: &str, timeout: Duration) -> Result<UnixSt
         .map_err(|source| TransportError::Connect { addr: path.to_string(), source })
 }
 
+/// How a metadata request reaches a worker: its TCP data port or a sidecar's Unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Tcp,
+    Unix,
+}
+
+/// One metadata request (`View`, `Stat`) on a new connection — these are rare, asked only
+/// while the master is unreachable — and the answer's payload (at most `max` bytes), or the
+/// worker's error with the exact kind it sent.
+pub(crate) async fn ask(
+    via: Via,
+    addr: &str,
+    frame: &[u8],
+    req_id: u64,
+    max: u64,
+    timeouts: (Duration, Duration),
+) -> Result<Bytes, TransportError> {
+    let (connect_timeout, request_timeout) = timeouts;
+    let exchange = async {
+        match via {
+            Via::Tcp => {
+                ask_on(&mut connect_tcp(addr, connect_timeout).await?, addr, frame, req_id, max).await
+            }
+            Via::Unix => {
+                ask_on(&mut connect_unix(addr, connect_timeout).await?, addr, frame, req_id, max).await
+            }
+        }
+    };
+    tokio::time::timeout(request_timeout, exchange)
+        .await
+        .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }))
+}
+
+async fn ask_on<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    frame: &[u8],
+    req_id: u64,
+    max: u64,
+) -> Result<Bytes, TransportError> {
+    let io = |source| TransportError::Io { addr: addr.to_string(), source };
+    stream.write_all(frame).await.map_err(io)?;
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    stream.read_exact(&mut head).await.map_err(io)?;
+    let head = ResponseHeader::decode(&head)
+        .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
+    let limit = if head.status.is_ok() { max } else { strata_common::frame::MAX_ERROR_MESSAGE as u64 };
+    let ours = head.req_id == req_id || (head.req_id == REJECTED_REQ_ID && head.status.is_err());
+    if !ours || head.payload_len > limit {
+        return Err(TransportError::Protocol {
+            addr: addr.to_string(),
+            reason: format!("response {}/{} bytes for request {req_id}", head.req_id, head.payload_len),
+        });
+    }
+    let mut buf = vec![0u8; head.payload_len as usize];
+    stream.read_exact(&mut buf).await.map_err(io)?;
+    match head.status {
+        Ok(_) => Ok(Bytes::from(buf)),
+        Err(kind) => Err(TransportError::Remote {
+            addr: addr.to_string(),
+            kind,
+            message: String::from_utf8_lossy(&buf).into_owned(),
+        }),
+    }
+}
+
 #[cfg(any(test, feature = "testing"))]
 pub use faulty::FaultyTransport;
 

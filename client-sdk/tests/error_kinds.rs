@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 
 use strata_client::{Client, ClientConfig, ClientError};
 use strata_common::ErrorKind;
-use strata_common::frame::{REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, decode_request_header};
+use strata_common::frame::{
+    Op, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, StatRequest as FrameStat, decode_request_header,
+};
 use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
     AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, DeleteRequest, Empty,
@@ -107,9 +109,22 @@ async fn serve(mut stream: TcpStream) -> std::io::Result<()> {
     loop {
         let mut head = [0u8; REQUEST_HEADER_LEN];
         stream.read_exact(&mut head).await?;
-        let (_, body_len) = decode_request_header(&head).expect("a request header");
+        let (op, body_len) = decode_request_header(&head).expect("a request header");
         let mut body = vec![0u8; body_len];
         stream.read_exact(&mut body).await?;
+        if op == Op::Stat {
+            // Asked when the master answers `unavailable` (an outage): this worker cannot help.
+            let req = FrameStat::decode_body(&body).expect("a stat request");
+            let message = "no mounts here";
+            let head = ResponseHeader {
+                status: Err(ErrorKind::Unavailable),
+                req_id: req.req_id,
+                payload_len: message.len() as u64,
+            };
+            stream.write_all(&head.encode()).await?;
+            stream.write_all(message.as_bytes()).await?;
+            continue;
+        }
         let req = ReadBlockRequest::decode_body(&body).expect("a read request");
         let kind = kind_in(&req.path);
         let message = format!("{} failed", req.path);
@@ -137,6 +152,10 @@ async fn client() -> Client {
     let mut config = ClientConfig::new(master.to_string());
     config.sidecar_socket = None;
     config.short_circuit = false;
+    // A master answering `unavailable` begins an outage, during which calls that can be answered
+    // otherwise skip the master until the next probe: probe at every call, so that each kind
+    // below is the master's answer.
+    config.membership_refresh = std::time::Duration::ZERO;
     Client::connect(config).await.expect("the fake master answers")
 }
 

@@ -18,6 +18,12 @@
 //! len:u64`) reads granted registered memory — RDMA's one-sided READ, emulated over TCP;
 //! `RdmaConnect` (body an [`RdmaEndpoint`], answered by the worker's) connects a real RDMA queue
 //! pair for as long as its connection stays open.
+//! `View` (body `req_id:u64`) asks a worker or sidecar for its last view of the cluster — the
+//! membership and the client-facing mount table (no secrets) it last learnt from the master —
+//! answered as a data response whose payload is that view as the master's protobuf
+//! (`strata_proto::WorkerView`), which this codec does not look into; `Stat` (body `req_id:u64
+//! path_len:u16 path`) asks the worker to stat a path at the UFS itself, answered by a
+//! [`FileStat`]. Both let a client go on, or start, while the master is unreachable.
 //! `status` 0 is success and the payload is data; otherwise it is an [`ErrorKind`] code and
 //! the payload a UTF-8 message.
 //!
@@ -71,6 +77,10 @@ pub enum Op {
     /// worker's endpoint as a data response). The connection carries nothing else afterwards;
     /// the worker's queue pair lives until it closes.
     RdmaConnect = 8,
+    /// The worker's last view of membership and mounts (body `req_id:u64`; payload opaque here).
+    View = 9,
+    /// Stat a path at the UFS through the worker's mount ([`StatRequest`] → [`FileStat`]).
+    Stat = 10,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -182,6 +192,8 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         6 => Op::Release,
         7 => Op::RemoteRead,
         8 => Op::RdmaConnect,
+        9 => Op::View,
+        10 => Op::Stat,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -191,7 +203,8 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::Release => LeaseRelease::BODY_LEN,
         Op::RemoteRead => RemoteRead::BODY_LEN,
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
-        Op::ReadBlock | Op::WriteBegin => MAX_REQUEST_BODY,
+        Op::View => 8,
+        Op::ReadBlock | Op::WriteBegin | Op::Stat => MAX_REQUEST_BODY,
         Op::OpenBlock => MAX_REQUEST_BODY + 1,
     };
     if body_len > limit {
@@ -435,6 +448,97 @@ impl WriteBegin {
     }
 }
 
+/// A `View` request: the worker's last view of the cluster.
+pub fn view_request(req_id: u64) -> Vec<u8> {
+    let mut out = request_header(Op::View, 8).to_vec();
+    out.extend_from_slice(&req_id.to_le_bytes());
+    out
+}
+
+/// The request id of a `View` body.
+pub fn decode_view_body(body: &[u8]) -> Result<u64, FrameError> {
+    let body: [u8; 8] = body.try_into().map_err(|_| FrameError::Malformed)?;
+    Ok(u64::from_le_bytes(body))
+}
+
+/// A `Stat` request: the metadata of one Strata path, from the UFS through the worker's mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatRequest {
+    pub req_id: u64,
+    /// Strata path (normalised, absolute).
+    pub path: String,
+}
+
+impl StatRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let body_len = 8 + 2 + self.path.len();
+        let mut out = request_header(Op::Stat, body_len).to_vec();
+        out.extend_from_slice(&self.req_id.to_le_bytes());
+        out.extend_from_slice(&(self.path.len() as u16).to_le_bytes());
+        out.extend_from_slice(self.path.as_bytes());
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let path = r.string()?;
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { req_id, path })
+    }
+}
+
+/// The answer to a `Stat`: what the master's `Stat` answers, computed the same way (version from
+/// the UFS, `file_id` from the mount's URI, the path under it and the block size).
+/// `is_dir:u8 size:u64 mtime_ms:u64 block_size:u64 path version file_id` (strings as
+/// `len:u16 bytes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStat {
+    pub path: String,
+    pub is_dir: bool,
+    pub size: u64,
+    pub version: String,
+    pub mtime_ms: i64,
+    pub block_size: u64,
+    pub file_id: String,
+}
+
+impl FileStat {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(25 + 6 + self.path.len() + self.version.len() + self.file_id.len());
+        out.push(u8::from(self.is_dir));
+        out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.mtime_ms.to_le_bytes());
+        out.extend_from_slice(&self.block_size.to_le_bytes());
+        for s in [&self.path, &self.version, &self.file_id] {
+            out.extend_from_slice(&(s.len().min(u16::MAX as usize) as u16).to_le_bytes());
+            out.extend_from_slice(&s.as_bytes()[..s.len().min(u16::MAX as usize)]);
+        }
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self, FrameError> {
+        let mut r = Reader { buf, pos: 0 };
+        let is_dir = match r.take(1)?[0] {
+            0 => false,
+            1 => true,
+            _ => return Err(FrameError::Malformed),
+        };
+        let size = r.u64()?;
+        let mtime_ms = r.u64()? as i64;
+        let block_size = r.u64()?;
+        let path = r.string()?;
+        let version = r.string()?;
+        let file_id = r.string()?;
+        if r.pos != buf.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { path, is_dir, size, version, mtime_ms, block_size, file_id })
+    }
+}
+
 /// The header of a request frame whose body (of `body_len` bytes) follows; `WriteData` and
 /// `WriteEnd` frames are this header alone plus the raw bytes.
 pub fn request_header(op: Op, body_len: usize) -> [u8; REQUEST_HEADER_LEN] {
@@ -512,6 +616,45 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn view_and_stat_requests_round_trip() {
+        let view = view_request(42);
+        let header: [u8; REQUEST_HEADER_LEN] = view[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::View, 8));
+        assert_eq!(decode_view_body(&view[REQUEST_HEADER_LEN..]), Ok(42));
+        assert!(decode_view_body(&[0; 7]).is_err());
+        assert!(decode_request_header(&request_header(Op::View, 9)).is_err());
+
+        let stat = StatRequest { req_id: 3, path: "/data/ü".into() };
+        let enc = stat.encode();
+        let header: [u8; REQUEST_HEADER_LEN] = enc[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::Stat, enc.len() - REQUEST_HEADER_LEN));
+        assert_eq!(StatRequest::decode_body(&enc[REQUEST_HEADER_LEN..]), Ok(stat));
+        assert!(StatRequest::decode_body(&enc[REQUEST_HEADER_LEN..enc.len() - 1]).is_err());
+
+        let answer = FileStat {
+            path: "/data/x".into(),
+            is_dir: false,
+            size: 10,
+            version: "\"e\"".into(),
+            mtime_ms: -5,
+            block_size: 4,
+            file_id: "file:///u/x#bs4".into(),
+        };
+        assert_eq!(FileStat::decode(&answer.encode()), Ok(answer.clone()));
+        let mut bad = answer.encode();
+        bad[0] = 2;
+        assert_eq!(FileStat::decode(&bad), Err(FrameError::Malformed));
+        assert!(FileStat::decode(&answer.encode()[..20]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_stat_answers_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let _ = FileStat::decode(&buf);
+        }
+    }
 
     fn sample() -> ReadBlockRequest {
         ReadBlockRequest {

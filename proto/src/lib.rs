@@ -19,6 +19,18 @@ pub const ERROR_KIND_METADATA: &str = "strata-error-kind";
 /// `ResourceExhausted`, named by the call.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+impl WorkerView {
+    /// The view as the payload of a data-plane `View` answer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(self)
+    }
+
+    /// A view from a `View` answer's payload.
+    pub fn from_bytes(buf: &[u8]) -> Result<Self, prost::DecodeError> {
+        prost::Message::decode(buf)
+    }
+}
+
 /// Maps an error kind and message to a gRPC status: the nearest standard code, for clients
 /// that only know gRPC, and the kind itself in [`ERROR_KIND_METADATA`], which [`kind_of`]
 /// reads back exactly.

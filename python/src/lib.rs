@@ -462,6 +462,24 @@ impl Client {
         py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.mkdir(path)).map_err(to_py)))
     }
 
+    /// What this process's client served while the master was unreachable: stale stats and
+    /// listing pages, stats workers made, outages, and whether it started from a worker's view.
+    fn outage_counters(&self, py: Python<'_>) -> PyResult<std::collections::HashMap<&'static str, u64>> {
+        py.detach(|| {
+            self.shared.run(|_, c, _| {
+                let o = c.outage_counters();
+                Ok([
+                    ("stale_stats", o.stale_stats),
+                    ("stale_listings", o.stale_listings),
+                    ("worker_stats", o.worker_stats),
+                    ("outages", o.outages),
+                    ("started_from_worker", o.started_from_worker),
+                ]
+                .into())
+            })
+        })
+    }
+
     /// Worker ids that hold (first) each block of a file, from the placement ring: the same
     /// in every process that sees the same membership.
     fn placement(&self, py: Python<'_>, path: &str) -> PyResult<Vec<String>> {

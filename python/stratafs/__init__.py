@@ -178,6 +178,11 @@ class StrataFileSystem(AbstractFileSystem):
             __import__("hashlib").sha256(self.ukey(path).encode()).digest()[:8], "big"
         )
 
+    def outage_counters(self):
+        """What this process served while the master was unreachable (docs/METRICS.md): a dict
+        of stale_stats, stale_listings, worker_stats, outages, started_from_worker."""
+        return self._client.outage_counters()
+
     def placement(self, path):
         """Worker id that owns each block of a file on the placement ring (for diagnostics)."""
         return self._client.placement(self._strip_protocol(path))

@@ -106,8 +106,10 @@ async fn second_read_is_served_from_the_tiers() {
     }
 
     // The master's status sums the workers' counters (reported by heartbeat).
-    eventually("a heartbeat reported the misses", Duration::from_secs(20), || async {
-        client.status().await.unwrap().totals.unwrap().cache_misses >= 11
+    // Misses are reported long before the last hits: wait for both.
+    eventually("a heartbeat reported the misses and hits", Duration::from_secs(20), || async {
+        let totals = client.status().await.unwrap().totals.unwrap();
+        totals.cache_misses >= 11 && totals.cache_hits >= 33
     })
     .await;
     let status = client.status().await.unwrap();
