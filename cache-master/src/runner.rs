@@ -405,12 +405,17 @@ impl JobRunner {
             let jobs = lock(&self.jobs);
             lock(&self.schedules).due(now, |job| jobs.is_running(job))
         };
+        // A fire whose schedule advance could not be stored is not fired: with several masters
+        // the store refuses a deposed leader, and the new leader fires that time instead —
+        // never both.
+        let mut unstored = Vec::new();
         for record in changed {
             if let Err(e) = self.store.put_schedule(&record) {
                 warn!(schedule = %record.id, err = %e, "cannot store schedule");
+                unstored.push(record.id);
             }
         }
-        for fire in fires {
+        for fire in fires.into_iter().filter(|f| !unstored.contains(&f.schedule_id)) {
             match self.submit(&fire.path, fire.settings, &fire.schedule_id).await {
                 Ok(job) => {
                     let record = lock(&self.schedules).set_last_job(&fire.schedule_id, &job.id);

@@ -2,6 +2,10 @@
 //! each, as JSON records keyed by path or id, so a master restart loses nothing; workers
 //! re-register and re-report the rest. A record that no longer parses is reported as `Corrupt`
 //! with its key, never skipped silently.
+//!
+//! [`MetaStore`] is the seam, kept synchronous: a call blocks its caller for one local
+//! transaction (redb) or one etcd round trip, bounded by a timeout (`etcd`, for several masters
+//! with a leader; see that module for the election and the fencing of writes).
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -12,6 +16,8 @@ use thiserror::Error;
 use crate::jobs::JobRecord;
 use crate::mounts::MountRecord;
 use crate::schedule::ScheduleRecord;
+
+pub mod etcd;
 
 const MOUNTS: TableDefinition<&str, &str> = TableDefinition::new("mounts");
 const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
@@ -26,6 +32,14 @@ pub enum StoreError {
     Corrupt { key: String, reason: String },
     #[error("metadata store is closed")]
     Closed,
+    /// This master does not lead (any more): the write was refused, by etcd or before it.
+    #[error("not the leader: this master's term ended")]
+    NotLeader,
+    /// etcd refused, failed or did not answer in time.
+    #[error("metadata store: {0}")]
+    Etcd(String),
+    #[error("metadata store configuration: {0}")]
+    Config(String),
 }
 
 fn db_err(e: impl std::fmt::Display) -> StoreError {

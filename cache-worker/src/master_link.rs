@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use strata_common::background::{Backoff, sleep_or_cancel};
-use strata_proto::master_client::MasterClient;
+use strata_proto::leader::MasterConn;
 use strata_proto::{
     BlockReport, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage, WorkerCounters,
     WorkerMountsRequest,
 };
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use crate::blocks::BlockService;
@@ -36,19 +35,19 @@ pub struct Identity {
     pub http_addr: String,
 }
 
-/// A (lazily connected) gRPC client of the master.
-pub fn connect(master_addr: &str) -> Result<MasterClient<Channel>, tonic::transport::Error> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{master_addr}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10));
-    Ok(MasterClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES))
+/// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
+/// (`master_addr` a comma-separated list): calls follow the leader through a failover.
+pub fn connect(master_addr: &str) -> Result<MasterConn, tonic::transport::Error> {
+    strata_proto::leader::master_conn(master_addr, |addr| {
+        Ok(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10)))
+    })
 }
 
 /// The master as the source of a worker's (or sidecar's) mount table.
 pub struct MasterMounts {
-    pub client: MasterClient<Channel>,
+    pub client: MasterConn,
     pub worker_id: String,
 }
 
@@ -114,12 +113,7 @@ fn proto_counters(c: CounterSnapshot) -> WorkerCounters {
 }
 
 /// Registers and heartbeats until `cancel`.
-pub async fn run(
-    client: MasterClient<Channel>,
-    id: Identity,
-    blocks: Arc<BlockService>,
-    cancel: CancellationToken,
-) {
+pub async fn run(client: MasterConn, id: Identity, blocks: Arc<BlockService>, cancel: CancellationToken) {
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;

@@ -33,11 +33,12 @@ use bytes::Bytes;
 use strata_common::frame::ReadBlockRequest;
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, SharedClock, block_slices, path};
+use strata_proto::leader::{DEFAULT_FOLLOW_FOR, LeaderChannel};
 use strata_proto::master_client::MasterClient;
 use strata_proto::{
     AddMountRequest, ClusterStatus, Empty, ListRequest, MountInfo, RemoveMountRequest, StatRequest,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tracing::{debug, warn};
 use transport::Sink;
 
@@ -63,7 +64,8 @@ pub const SIDECAR_SOCKET_ENV: &str = "STRATA_SIDECAR_SOCKET";
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// The master's `host:port`.
+    /// The master's `host:port`, or the masters of an HA cluster as a comma-separated list
+    /// (calls follow the leader).
     pub master_addr: String,
     /// How long a fetched membership and mount table are used before asking again.
     pub membership_refresh: Duration,
@@ -168,7 +170,7 @@ impl View {
 
 struct Inner {
     config: ClientConfig,
-    master: MasterClient<Channel>,
+    master: MasterClient<LeaderChannel>,
     transport: Arc<dyn Transport>,
     /// The sidecar's socket path and the transport that reaches it.
     sidecar: Option<(String, Arc<dyn Transport>)>,
@@ -194,13 +196,25 @@ impl Client {
     }
 
     pub async fn connect_with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Result<Self> {
-        let channel = master_endpoint(&config)?.connect().await.map_err(|e| {
-            ClientError::MasterUnavailable(format!(
+        let channel = master_channel(&config)?;
+        // Fail fast when no master answers at all; which one leads is the channel's business.
+        let mut last_err = None;
+        for addr in channel.masters() {
+            match master_endpoint(&config, addr)?.connect().await {
+                Ok(_) => {
+                    last_err = None;
+                    break;
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        if let Some(e) = last_err {
+            return Err(ClientError::MasterUnavailable(format!(
                 "cannot reach the master at {}: {}",
                 config.master_addr,
                 error_chain(&e)
-            ))
-        })?;
+            )));
+        }
         let view = View::empty(config.clock.now());
         let client = Self::assemble(config, transport, channel, view, HashMap::new());
         client.refresh_view().await?;
@@ -214,7 +228,7 @@ impl Client {
     /// the runtime that will run it.
     pub fn with_new_connections(&self) -> Result<Self> {
         let config = self.inner.config.clone();
-        let channel = master_endpoint(&config)?.connect_lazy();
+        let channel = master_channel(&config)?;
         let transport = rdma::transport_for(config.rdma, config.connect_timeout, config.request_timeout);
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone();
         let stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -224,7 +238,7 @@ impl Client {
     fn assemble(
         config: ClientConfig,
         transport: Arc<dyn Transport>,
-        channel: Channel,
+        channel: LeaderChannel,
         view: View,
         stats: HashMap<String, (Instant, FileInfo)>,
     ) -> Self {
@@ -268,7 +282,7 @@ impl Client {
         &self.inner.config
     }
 
-    fn master(&self) -> MasterClient<Channel> {
+    fn master(&self) -> MasterClient<LeaderChannel> {
         self.inner.master.clone()
     }
 
@@ -605,12 +619,34 @@ impl Client {
     }
 }
 
-/// The master's gRPC endpoint with the client's timeouts.
-fn master_endpoint(config: &ClientConfig) -> Result<Endpoint> {
-    Ok(Endpoint::from_shared(format!("http://{}", config.master_addr))
-        .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))?
-        .connect_timeout(config.connect_timeout)
+/// A master's gRPC endpoint with the client's timeouts.
+fn master_endpoint(config: &ClientConfig, addr: &str) -> Result<Endpoint> {
+    endpoint_for(addr, config.connect_timeout)
+        .map_err(|e| ClientError::InvalidArgument(format!("master address {addr:?}: {e}")))
+}
+
+fn endpoint_for(
+    addr: &str,
+    connect_timeout: Duration,
+) -> std::result::Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(connect_timeout)
         .timeout(Duration::from_secs(30)))
+}
+
+/// The channel to the master, or to the masters of an HA cluster (`master_addr` a
+/// comma-separated list), following the leader.
+fn master_channel(config: &ClientConfig) -> Result<LeaderChannel> {
+    let masters = strata_common::master_addrs(&config.master_addr);
+    if masters.is_empty() {
+        return Err(ClientError::InvalidArgument(format!("no master address in {:?}", config.master_addr)));
+    }
+    for addr in &masters {
+        master_endpoint(config, addr)?;
+    }
+    let connect_timeout = config.connect_timeout;
+    LeaderChannel::new(masters, move |addr| endpoint_for(addr, connect_timeout), DEFAULT_FOLLOW_FOR)
+        .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
