@@ -7,9 +7,10 @@
 //! then stops the term's parts (job runners, scheduler, liveness tick). A closed gate answers
 //! every RPC with `not_leader` naming the leader when known (`strata_proto::leader`).
 //!
-//! Between two terms nothing is kept: membership and the block map are rebuilt as workers
-//! re-register (a standby's refusal sends them to the leader, who does not know them and asks
-//! them to register again with a full block report).
+//! Between two terms nothing is kept in memory: the new term starts from etcd, where the
+//! registered workers are too (so the ring is known at once); the block map is rebuilt from the
+//! full report each worker sends when its first heartbeat to the new leader is answered
+//! `reregister`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

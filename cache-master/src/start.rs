@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::jobs::Jobs;
+use crate::membership::WorkerEntry;
 use crate::metadata::{Metadata, MetadataParams};
 use crate::mounts::{Mount, MountTable};
 use crate::rpc::Rpc;
@@ -131,6 +132,8 @@ pub(crate) struct Stored {
     mounts: MountTable,
     jobs: Jobs,
     schedules: Schedules,
+    /// Workers a previous leader registered (etcd only).
+    workers: Vec<WorkerEntry>,
 }
 
 /// The stored state, and the ids of the jobs that were running (to resume).
@@ -142,8 +145,14 @@ pub(crate) fn load_state(
     let mounts = load_mounts(store.as_ref(), factory)?;
     let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
     let schedules = load_schedules(store.as_ref(), clock)?;
-    info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
-    Ok((Stored { store, mounts, jobs, schedules }, resume))
+    let workers = store.load_workers()?;
+    info!(
+        mounts = mounts.len(),
+        resuming_jobs = resume.len(),
+        workers = workers.len(),
+        "master state loaded"
+    );
+    Ok((Stored { store, mounts, jobs, schedules, workers }, resume))
 }
 
 /// The master's parts, each handed what it uses, and the token that stops them.
@@ -160,7 +169,7 @@ pub(crate) fn build_parts(
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
 ) -> Parts {
-    let Stored { store, mounts, jobs, schedules } = stored;
+    let Stored { store, mounts, jobs, schedules, workers } = stored;
     let cancel = CancellationToken::new();
     let metadata = Arc::new(Metadata::new(MetadataParams {
         mounts,
@@ -171,7 +180,8 @@ pub(crate) fn build_parts(
         clock: clock.clone(),
     }));
     let timeout = Duration::from_millis(config.worker_timeout_ms);
-    let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone()));
+    let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone(), store.clone()));
+    cluster.preload(workers);
     let runner = Arc::new(JobRunner::new(RunnerParams {
         jobs,
         schedules,

@@ -14,6 +14,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
 use crate::jobs::JobRecord;
+use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
 use crate::schedule::ScheduleRecord;
 
@@ -57,6 +58,17 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
     fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError>;
     fn delete_schedule(&self, id: &str) -> Result<(), StoreError>;
+    /// Registered workers, for a new leader (etcd). A single master keeps membership as soft
+    /// state (workers register again after a restart): by default nothing is kept.
+    fn load_workers(&self) -> Result<Vec<WorkerEntry>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_worker(&self, _entry: &WorkerEntry) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn delete_worker(&self, _id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -167,6 +179,71 @@ impl MetaStore for RedbStore {
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
+}
+
+/// An in-memory store for unit tests, keeping only workers, whose writes fail with
+/// [`StoreError::NotLeader`] while `deposed` is set (a leader that lost its term).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct MemStore {
+    pub workers: Mutex<std::collections::BTreeMap<String, WorkerEntry>>,
+    pub deposed: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+impl MemStore {
+    fn write(&self) -> Result<(), StoreError> {
+        if self.deposed.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(StoreError::NotLeader)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+impl MetaStore for MemStore {
+    fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_mount(&self, _: &MountRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_mount(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn load_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_job(&self, _: &JobRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_job(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_schedule(&self, _: &ScheduleRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_schedule(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn load_workers(&self) -> Result<Vec<WorkerEntry>, StoreError> {
+        Ok(self.workers.lock().unwrap().values().cloned().collect())
+    }
+    fn put_worker(&self, entry: &WorkerEntry) -> Result<(), StoreError> {
+        self.write()?;
+        self.workers.lock().unwrap().insert(entry.id.clone(), entry.clone());
+        Ok(())
+    }
+    fn delete_worker(&self, id: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.workers.lock().unwrap().remove(id);
+        Ok(())
+    }
+    fn close(&self) {}
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! that leads.
 //!
 //! Keys, under the prefix `/strata/`: `leader` (the leader's advertised rpc address, attached
-//! to its lease), `mounts/<path>`, `jobs/<id>`, `schedules/<id>` (JSON records, as in redb).
+//! to its lease), `mounts/<path>`, `jobs/<id>`, `schedules/<id>` (JSON records, as in redb),
+//! `workers/<id>` (registered workers, so a new leader knows the ring at once).
 //!
 //! Invariants:
 //! - **One acting leader.** A master leads from the moment its transaction created `leader`
@@ -26,6 +27,7 @@ use tracing::{info, warn};
 
 use super::{MetaStore, StoreError};
 use crate::jobs::JobRecord;
+use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
 use crate::schedule::ScheduleRecord;
 
@@ -407,6 +409,18 @@ impl MetaStore for EtcdStore {
 
     fn delete_schedule(&self, id: &str) -> Result<(), StoreError> {
         self.etcd.delete(self.revision, "schedules", id)
+    }
+
+    fn load_workers(&self) -> Result<Vec<WorkerEntry>, StoreError> {
+        self.etcd.load_all("workers")
+    }
+
+    fn put_worker(&self, entry: &WorkerEntry) -> Result<(), StoreError> {
+        self.etcd.put(self.revision, "workers", &entry.id, entry)
+    }
+
+    fn delete_worker(&self, id: &str) -> Result<(), StoreError> {
+        self.etcd.delete(self.revision, "workers", id)
     }
 
     /// The connection outlives a term; it is closed with the master ([`Etcd::close`]).
