@@ -81,6 +81,12 @@ struct EtcdCluster {
 }
 
 impl EtcdCluster {
+    /// Pauses (`STOP`) or resumes (`CONT`) member `i`: an etcd that hangs.
+    fn signal(&self, i: usize, sig: &str) {
+        let pid = self.members[i].proc.as_ref().expect("running").0.id().to_string();
+        assert!(Command::new("kill").args([&format!("-{sig}"), &pid]).status().unwrap().success());
+    }
+
     fn start(dir: &Path, n: usize) -> Self {
         let members: Vec<EtcdMember> = (0..n)
             .map(|i| EtcdMember {
@@ -380,12 +386,18 @@ fn an_etcd_restart_keeps_mounts_and_jobs() {
     let tmp = tempfile::tempdir().unwrap();
     let ufs = tempfile::tempdir().unwrap();
     let mut etcd = EtcdCluster::start(&tmp.path().join("etcd"), 1);
-    let (_masters, list) = three_masters(tmp.path(), &etcd);
+    let (masters, list) = three_masters(tmp.path(), &etcd);
     write_dataset(ufs.path(), 1, 1 << 10);
     let uri = format!("file://{}", ufs.path().display());
     assert!(run(&list, &["mount", "add", "/d", &uri]).status.success());
     let dry = json_of(&run(&list, &["warmup", "/d", "--dry-run", "--json"]));
     let job = dry["id"].as_str().unwrap().to_string();
+
+    // A standby asked alone names the leader, and the client follows it there.
+    let leader_now = leader(&list);
+    for m in &masters {
+        assert_eq!(leader(&m.addr), leader_now, "asked {}", m.addr);
+    }
 
     etcd.kill9(0);
     etcd.start_member(0);
@@ -451,6 +463,33 @@ fn masters_step_down_when_etcd_loses_quorum_and_lead_again_after() {
     etcd.start_member(1);
     etcd.start_member(2);
     let again = wait_for("a leader again", Duration::from_secs(40), || {
+        let o = run(&list, &["status", "--json"]);
+        o.status.success().then(|| json_of(&o)["leader"].as_str().unwrap().to_string())
+    });
+    assert!(masters.iter().any(|m| m.addr == again), "{again} (was {first})");
+}
+
+#[test]
+fn masters_step_down_while_etcd_hangs_and_lead_again_when_it_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&tmp.path().join("etcd"), 1);
+    let (masters, list) = three_masters(tmp.path(), &etcd);
+    let first = leader(&list);
+    etcd.signal(0, "STOP");
+    let stopped = Instant::now();
+    wait_for("every master to stand by", Duration::from_secs(20), || {
+        masters
+            .iter()
+            .all(|m| {
+                let o = run(&m.addr, &["status"]);
+                !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not the leader")
+            })
+            .then_some(())
+    });
+    // Within half the lease plus one renewal attempt, well before etcd could expire it.
+    assert!(stopped.elapsed() < Duration::from_millis(LEASE_MS * 3), "{:?}", stopped.elapsed());
+    etcd.signal(0, "CONT");
+    let again = wait_for("a leader again", Duration::from_secs(30), || {
         let o = run(&list, &["status", "--json"]);
         o.status.success().then(|| json_of(&o)["leader"].as_str().unwrap().to_string())
     });
