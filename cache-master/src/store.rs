@@ -58,6 +58,13 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
     fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError>;
     fn delete_schedule(&self, id: &str) -> Result<(), StoreError>;
+    /// A job a schedule fired and the schedule advanced past that time, in one write where the
+    /// store can (etcd: one transaction), so a fired time is never lost nor fired twice across
+    /// a failover. By default: the job, then the schedule.
+    fn put_job_and_schedule(&self, job: &JobRecord, schedule: &ScheduleRecord) -> Result<(), StoreError> {
+        self.put_job(job)?;
+        self.put_schedule(schedule)
+    }
     /// Registered workers, for a new leader (etcd). A single master keeps membership as soft
     /// state (workers register again after a restart): by default nothing is kept.
     fn load_workers(&self) -> Result<Vec<WorkerEntry>, StoreError> {
@@ -174,6 +181,23 @@ impl MetaStore for RedbStore {
 
     fn delete_schedule(&self, id: &str) -> Result<(), StoreError> {
         self.delete(SCHEDULES, id)
+    }
+
+    fn put_job_and_schedule(&self, job: &JobRecord, schedule: &ScheduleRecord) -> Result<(), StoreError> {
+        let job_value = serde_json::to_string(job).map_err(db_err)?;
+        let schedule_value = serde_json::to_string(schedule).map_err(db_err)?;
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            txn.open_table(JOBS)
+                .map_err(db_err)?
+                .insert(job.id.as_str(), job_value.as_str())
+                .map_err(db_err)?;
+            txn.open_table(SCHEDULES)
+                .map_err(db_err)?
+                .insert(schedule.id.as_str(), schedule_value.as_str())
+                .map_err(db_err)?;
+            txn.commit().map_err(db_err)
+        })
     }
 
     fn close(&self) {

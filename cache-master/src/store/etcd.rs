@@ -169,14 +169,24 @@ impl Etcd {
     /// One write, fenced by this master's term: applied only while `leader` is the key this
     /// term created.
     fn fenced(&self, revision: i64, op: TxnOp) -> Result<(), StoreError> {
+        self.fenced_all(revision, vec![op])
+    }
+
+    /// Several writes in one transaction, fenced as one.
+    fn fenced_all(&self, revision: i64, ops: Vec<TxnOp>) -> Result<(), StoreError> {
         // Stepped down (or a later term): refused here, without asking etcd.
         let term = self.term().filter(|t| t.revision == revision).ok_or(StoreError::NotLeader)?;
         let mut client = self.client.clone();
         let txn = Txn::new()
             .when([Compare::create_revision(format!("{PREFIX}leader"), CompareOp::Equal, term.revision)])
-            .and_then([op]);
+            .and_then(ops);
         let resp = self.block_on(async move { client.txn(txn).await })?;
         if resp.succeeded() { Ok(()) } else { Err(StoreError::NotLeader) }
+    }
+
+    fn put_op(table: &str, key: &str, record: &impl serde::Serialize) -> Result<TxnOp, StoreError> {
+        let value = serde_json::to_vec(record).map_err(|e| StoreError::Db(e.to_string()))?;
+        Ok(TxnOp::put(format!("{PREFIX}{table}/{key}"), value, None))
     }
 
     fn put(
@@ -401,6 +411,12 @@ impl MetaStore for EtcdStore {
 
     fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
         self.etcd.load_all("schedules")
+    }
+
+    fn put_job_and_schedule(&self, job: &JobRecord, schedule: &ScheduleRecord) -> Result<(), StoreError> {
+        let ops =
+            vec![Etcd::put_op("jobs", &job.id, job)?, Etcd::put_op("schedules", &schedule.id, schedule)?];
+        self.etcd.fenced_all(self.revision, ops)
     }
 
     fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError> {
