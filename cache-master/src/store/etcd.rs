@@ -447,6 +447,102 @@ impl MetaStore for EtcdStore {
 mod tests {
     use super::*;
 
+    /// One etcd member on free ports, killed when dropped (`$STRATA_TEST_ETCD` or `etcd` on the
+    /// PATH; without it the test fails, as the rest of the suite's etcd tests do).
+    struct LocalEtcd {
+        child: std::process::Child,
+        port: u16,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for LocalEtcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn local_etcd() -> LocalEtcd {
+        let bin = std::env::var_os("STRATA_TEST_ETCD")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| "etcd".into());
+        let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (client, peer) = (port(), port());
+        let dir = tempfile::tempdir().unwrap();
+        let (c, p) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+        let child = std::process::Command::new(bin)
+            .args(["--name", "m0", "--data-dir"])
+            .arg(dir.path())
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args(["--initial-cluster", &format!("m0={p}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("etcd is needed: install etcd-server (./test.sh does) or set STRATA_TEST_ETCD");
+        LocalEtcd { child, port: client, _dir: dir }
+    }
+
+    async fn connect(port: u16) -> Arc<Etcd> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Etcd::connect(&format!("etcd://127.0.0.1:{port}"), Duration::from_secs(2)).await {
+                Ok(e) => return e,
+                Err(e) if Instant::now() > deadline => panic!("{e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deposed_leader_cannot_write_even_before_it_notices() {
+        let etcd = local_etcd();
+        let (a, b) = (connect(etcd.port).await, connect(etcd.port).await);
+        let ttl = Duration::from_secs(2);
+        let Ok(Campaign::Won { revision: ra, .. }) = a.campaign("a:1", ttl).await else { panic!("a leads") };
+        a.set_term(Some(Term { revision: ra }));
+        let store_a = EtcdStore { etcd: a.clone(), revision: ra };
+        let mount = MountRecord { path: "/m".into(), uri: "file:///tmp".into(), options: Default::default() };
+        store_a.put_mount(&mount).unwrap();
+        assert!(matches!(b.campaign("b:1", ttl).await, Ok(Campaign::Lost { leader: Some(l) }) if l == "a:1"));
+
+        // a's lease is gone (as after a long pause) but a has not noticed: b takes over.
+        let mut raw = a.client.clone();
+        raw.delete(format!("{PREFIX}leader"), None).await.unwrap();
+        let Ok(Campaign::Won { revision: rb, .. }) = b.campaign("b:1", ttl).await else { panic!("b leads") };
+        b.set_term(Some(Term { revision: rb }));
+        // etcd refuses a's write: its term's revision is no longer the leader key's.
+        let err = store_a.put_mount(&MountRecord { path: "/late".into(), ..mount.clone() }).unwrap_err();
+        assert!(matches!(err, StoreError::NotLeader), "{err}");
+        let err = store_a.put_job_and_schedule(&Default::default(), &sample_schedule()).unwrap_err();
+        assert!(matches!(err, StoreError::NotLeader), "{err}");
+        // b writes, and reads what a wrote while it led.
+        let store_b = EtcdStore { etcd: b.clone(), revision: rb };
+        store_b.put_mount(&MountRecord { path: "/b".into(), ..mount.clone() }).unwrap();
+        let paths: Vec<String> = store_b.load_mounts().unwrap().into_iter().map(|m| m.path).collect();
+        assert_eq!(paths, ["/b", "/m"]);
+        // A stepped-down master refuses locally, without asking etcd.
+        a.set_term(None);
+        assert!(matches!(store_a.delete_mount("/m"), Err(StoreError::NotLeader)));
+        a.close();
+        b.close();
+    }
+
+    fn sample_schedule() -> ScheduleRecord {
+        ScheduleRecord {
+            id: "s1".into(),
+            cron: "0 1 * * *".into(),
+            tz: "UTC".into(),
+            path: "/m".into(),
+            settings: Default::default(),
+            next_fire_ms: 5,
+            last_job_id: String::new(),
+            fired: 0,
+            skipped: 0,
+            created_ms: 1,
+        }
+    }
+
     #[test]
     fn endpoints_parse() {
         assert_eq!(parse_endpoints("etcd://a:2379").unwrap(), ["http://a:2379"]);
