@@ -372,6 +372,15 @@ impl Etcd {
     }
 }
 
+impl Drop for Etcd {
+    /// A runtime may not be dropped (blocking) inside another: stop it in the background.
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 enum Campaign {
     Won { lease: i64, revision: i64, started: Instant },
     Lost { leader: Option<String> },
