@@ -333,6 +333,7 @@ fn leader_killed_during_a_warmup_and_a_reader_loop_loses_no_read_and_the_job_suc
     });
     stop.store(true, Ordering::Relaxed);
     let errors = reader.join().unwrap();
+    eprintln!("{} reads, {} failed", reads.load(Ordering::Relaxed), errors.len());
     assert!(errors.is_empty(), "{} failed reads: {errors:?}", errors.len());
     assert_eq!(failures.load(Ordering::Relaxed), 0);
 }
