@@ -38,6 +38,10 @@ pub struct MasterConfig {
     /// this time steps down; a standby takes over at most about this long after the leader
     /// died. Default 5000 (etcd's minimum is about 1500).
     pub leader_lease_ms: u64,
+    /// With etcd: how long a starting master keeps trying to reach etcd (milliseconds) before
+    /// it exits with the error. Default 0: one attempt, a clear error at once. Deployments that
+    /// start masters and etcd together (the Helm chart) set it so the masters wait for etcd.
+    pub meta_connect_timeout_ms: u64,
 }
 
 impl Default for MasterConfig {
@@ -53,6 +57,7 @@ impl Default for MasterConfig {
             meta: String::new(),
             advertise_addr: None,
             leader_lease_ms: 5_000,
+            meta_connect_timeout_ms: 0,
         }
     }
 }

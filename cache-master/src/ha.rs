@@ -118,7 +118,17 @@ pub(crate) async fn start(
 ) -> Result<(SocketAddr, SocketAddr, HaStop), MasterError> {
     let ttl = Duration::from_millis(config.leader_lease_ms.max(2_000));
     let op_timeout = (ttl / 3).clamp(Duration::from_millis(500), Duration::from_secs(3));
-    let etcd = Etcd::connect(&config.meta, op_timeout).await?;
+    let deadline = std::time::Instant::now() + Duration::from_millis(config.meta_connect_timeout_ms);
+    let etcd = loop {
+        match Etcd::connect(&config.meta, op_timeout).await {
+            Ok(etcd) => break etcd,
+            Err(e @ crate::store::StoreError::Etcd(_)) if std::time::Instant::now() < deadline => {
+                warn!(err = %e, "etcd not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let (listener, rpc_addr) = match bind_rpc(config.rpc_addr).await {
         Ok(bound) => bound,
         Err(e) => {

@@ -496,3 +496,52 @@ fn masters_step_down_while_etcd_hangs_and_lead_again_when_it_answers() {
     });
     assert!(masters.iter().any(|m| m.addr == again), "{again} (was {first})");
 }
+
+#[test]
+fn a_master_started_before_etcd_waits_for_it_when_told_to() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd_dir = tmp.path().join("etcd");
+    // The ports are picked now; etcd starts after the master.
+    let mut etcd = EtcdCluster {
+        members: vec![EtcdMember {
+            name: "m0".into(),
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir: etcd_dir.join("m0"),
+            proc: None,
+        }],
+    };
+    let addr = format!("127.0.0.1:{}", free_port());
+    let config = tmp.path().join("master.toml");
+    std::fs::write(&config, format!("leader_lease_ms = {LEASE_MS}\nmeta_connect_timeout_ms = 30000\n"))
+        .unwrap();
+    let master = strata()
+        .args([
+            "master",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--rpc-addr",
+            &addr,
+            "--meta",
+            &etcd.meta(),
+            "--config",
+        ])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(tmp.path().join("data"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut master = Proc(master);
+    // etcd starts after the master, and answers about a second later: the master's first
+    // attempts are refused, and it keeps trying instead of exiting.
+    etcd.start_member(0);
+    etcd.wait_healthy(0);
+    assert!(master.0.try_wait().unwrap().is_none(), "the master gave up");
+    let leader = wait_for("the master to lead", Duration::from_secs(30), || {
+        let o = run(&addr, &["status", "--json"]);
+        o.status.success().then(|| json_of(&o)["leader"].as_str().unwrap().to_string())
+    });
+    assert_eq!(leader, addr);
+}
