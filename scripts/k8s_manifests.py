@@ -73,6 +73,23 @@ def check(path):
             if not m or limit <= int(m.group(1)):
                 errors.append(f"{name}: memory limit {limit} does not cover the DRAM tier ({m and m.group(1)})")
 
+    # Several masters need their state in etcd, and the chart's etcd (when rendered) must be
+    # the one they are told about.
+    for o in objs:
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-master") and o["spec"]["replicas"] > 1:
+            toml = next((d["master.toml"] for d in configmaps.values() if "master.toml" in d), "")
+            m = re.search(r'^meta = "etcd://([^"]+)"$', toml, re.M)
+            if not m:
+                errors.append(f"StatefulSet/{o['metadata']['name']}: {o['spec']['replicas']} replicas without meta = etcd://")
+                continue
+            etcd = [e for e in objs if e["kind"] == "StatefulSet" and e["metadata"]["name"].endswith("-etcd")]
+            for e in etcd:
+                name = e["metadata"]["name"]
+                want = {f"{name}-{i}.{name}" for i in range(e["spec"]["replicas"])}
+                got = {ep.rsplit(":", 1)[0] for ep in m.group(1).split(",")}
+                if want != got:
+                    errors.append(f"master.toml meta names {sorted(got)}, the chart's etcd is {sorted(want)}")
+
     services = [o for o in objs if o["kind"] == "Service"]
     for svc in services:
         sel = svc["spec"].get("selector") or {}

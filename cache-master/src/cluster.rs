@@ -5,9 +5,9 @@
 //! live set, and when it registers again (it sends a full report next), so the map does not
 //! go on naming a worker that clients no longer place blocks on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use strata_common::{Member, SharedClock};
@@ -16,9 +16,10 @@ use tracing::{info, warn};
 use crate::blockmap::BlockMap;
 use crate::error::OpError;
 use crate::locks::lock;
-use crate::membership::{Membership, WorkerRecord};
+use crate::membership::{Membership, WorkerEntry, WorkerRecord};
 use crate::metrics_defs as m;
 use crate::reports::{BlockReport, Tier, TierUsage, WorkerCounters};
+use crate::store::MetaStore;
 
 /// One heartbeat of a worker.
 #[derive(Debug, Default)]
@@ -62,15 +63,45 @@ pub struct Cluster {
     blocks: Mutex<BlockMap>,
     /// Heartbeat times and the liveness timeout are read on this clock.
     clock: SharedClock,
+    /// Where registrations are kept for a next leader (nothing with redb).
+    store: Arc<dyn MetaStore>,
+    /// Workers known from the store that have not registered with this master yet: their
+    /// heartbeats are answered `reregister`, so each sends a full block report.
+    unreported: Mutex<HashSet<String>>,
 }
 
 impl Cluster {
     /// `first_epoch` should grow across master restarts (see [`Membership::new`]).
-    pub fn new(worker_timeout: Duration, first_epoch: u64, clock: SharedClock) -> Self {
+    pub fn new(
+        worker_timeout: Duration,
+        first_epoch: u64,
+        clock: SharedClock,
+        store: Arc<dyn MetaStore>,
+    ) -> Self {
         Self {
             membership: Mutex::new(Membership::new(worker_timeout, first_epoch)),
             blocks: Mutex::new(BlockMap::default()),
             clock,
+            store,
+            unreported: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Workers a previous leader registered (from the store): live from now, on the ring at
+    /// once, declared lost after the timeout if silent, asked to register again (with a full
+    /// block report) at their next heartbeat.
+    pub fn preload(&self, workers: Vec<WorkerEntry>) {
+        let now = self.clock.now();
+        let mut mem = lock(&self.membership);
+        let mut unreported = lock(&self.unreported);
+        for w in workers {
+            if !w.id.is_empty() && w.data_addr.parse::<SocketAddr>().is_ok() {
+                mem.register(&w.id, &w.data_addr, &w.http_addr, now);
+                unreported.insert(w.id);
+            }
+        }
+        if !unreported.is_empty() {
+            info!(workers = unreported.len(), epoch = mem.epoch(), "workers known from the store");
         }
     }
 
@@ -79,15 +110,25 @@ impl Cluster {
             return Err(OpError::BadWorker);
         }
         let epoch = lock(&self.membership).register(id, data_addr, http_addr, self.clock.now());
+        lock(&self.unreported).remove(id);
         // It will send a full report next: forget what it held before.
         lock(&self.blocks).drop_worker(id);
+        let entry = WorkerEntry {
+            id: id.to_string(),
+            data_addr: data_addr.to_string(),
+            http_addr: http_addr.to_string(),
+        };
+        if let Err(e) = self.store.put_worker(&entry) {
+            warn!(worker = %id, err = %e, "cannot store the worker's registration");
+        }
         info!(worker = %id, data_addr = %data_addr, epoch, "worker registered");
         Ok(epoch)
     }
 
     pub fn heartbeat(&self, hb: Heartbeat) -> HeartbeatAnswer {
+        let unreported = lock(&self.unreported).contains(&hb.worker_id);
         let mut mem = lock(&self.membership);
-        if !mem.heartbeat(&hb.worker_id, self.clock.now()) {
+        if unreported || !mem.heartbeat(&hb.worker_id, self.clock.now()) {
             return HeartbeatAnswer { reregister: true, membership_epoch: mem.epoch() };
         }
         mem.update_stats(&hb.worker_id, hb.tiers, hb.counters);
@@ -116,6 +157,16 @@ impl Cluster {
                 warn!(worker = %id, "worker lost: no heartbeat within the timeout");
                 blocks.drop_worker(id);
             }
+            drop(blocks);
+            let mut unreported = lock(&self.unreported);
+            for id in &lost {
+                unreported.remove(id);
+                if let Err(e) = self.store.delete_worker(id) {
+                    warn!(worker = %id, err = %e, "cannot forget the lost worker in the store");
+                }
+            }
+            drop(unreported);
+            let blocks = lock(&self.blocks);
             metrics::counter!(m::WORKERS_LOST).increment(lost.len() as u64);
             metrics::gauge!(m::BLOCKS).set(blocks.total_blocks() as f64);
         }
@@ -174,5 +225,58 @@ impl Cluster {
             })
             .collect();
         ClusterStatus { membership_epoch: mem.epoch(), workers, totals, blocks: blocks.total_blocks() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use strata_common::clock::ManualClock;
+
+    use super::*;
+    use crate::store::MemStore;
+
+    fn beat(id: &str) -> Heartbeat {
+        Heartbeat {
+            worker_id: id.into(),
+            tiers: Vec::new(),
+            counters: WorkerCounters::default(),
+            added: Vec::new(),
+            removed: Vec::new(),
+            full_report: false,
+        }
+    }
+
+    #[test]
+    fn a_new_leader_knows_the_workers_of_the_last_and_asks_each_for_a_full_report() {
+        let store = Arc::new(MemStore::default());
+        let clock = ManualClock::new();
+        let old = Cluster::new(Duration::from_secs(10), 1, clock.clone(), store.clone());
+        old.register("w1", "127.0.0.1:1", "127.0.0.1:2").unwrap();
+        old.register("w2", "127.0.0.1:3", "127.0.0.1:4").unwrap();
+        assert_eq!(store.load_workers().unwrap().len(), 2);
+
+        let new = Cluster::new(Duration::from_secs(10), 100, clock.clone(), store.clone());
+        new.preload(store.load_workers().unwrap());
+        // On the ring at once, before any of them spoke to the new leader.
+        assert_eq!(new.live_count(), 2);
+        assert!(new.heartbeat(beat("w1")).reregister, "a full report is asked for");
+        new.register("w1", "127.0.0.1:1", "127.0.0.1:2").unwrap();
+        assert!(!new.heartbeat(beat("w1")).reregister);
+        assert!(new.heartbeat(beat("w2")).reregister);
+
+        // A silent one is lost after the timeout and forgotten in the store.
+        clock.advance(Duration::from_secs(11));
+        assert!(!new.heartbeat(beat("w1")).reregister);
+        new.tick();
+        assert_eq!(new.live_count(), 1);
+        let ids: Vec<String> = store.load_workers().unwrap().into_iter().map(|w| w.id).collect();
+        assert_eq!(ids, ["w1"]);
+
+        // A deposed leader's store refuses the write; the registration still answers.
+        store.deposed.store(true, Ordering::SeqCst);
+        assert!(new.register("w3", "127.0.0.1:5", "127.0.0.1:6").is_ok());
+        assert_eq!(store.load_workers().unwrap().len(), 1);
     }
 }

@@ -26,6 +26,22 @@ pub struct MasterConfig {
     /// Finished load jobs kept for `strata job ls|status|history`; older ones are forgotten
     /// (running jobs always stay). Default 1000.
     pub job_history: usize,
+    /// Where mounts, jobs, schedules and worker membership are kept. Empty (the default): an
+    /// embedded redb file in `data_dir`, for a single master. `etcd://HOST:PORT[,HOST:PORT...]`:
+    /// an etcd cluster shared by several masters, of which one leads (elected with an etcd
+    /// lease) and the others stand by.
+    pub meta: String,
+    /// The `host:port` clients and workers reach this master's gRPC endpoint at, told to them by
+    /// standbys (`strata-leader`) and shown by `strata status`. Default: `rpc_addr` as bound.
+    pub advertise_addr: Option<String>,
+    /// With etcd: the leader's lease TTL (milliseconds). A leader that cannot renew it for half
+    /// this time steps down; a standby takes over at most about this long after the leader
+    /// died. Default 5000 (etcd's minimum is about 1500).
+    pub leader_lease_ms: u64,
+    /// With etcd: how long a starting master keeps trying to reach etcd (milliseconds) before
+    /// it exits with the error. Default 0: one attempt, a clear error at once. Deployments that
+    /// start masters and etcd together (the Helm chart) set it so the masters wait for etcd.
+    pub meta_connect_timeout_ms: u64,
 }
 
 impl Default for MasterConfig {
@@ -38,6 +54,10 @@ impl Default for MasterConfig {
             heartbeat_interval_ms: 1_000,
             metadata_cache_entries: 100_000,
             job_history: 1000,
+            meta: String::new(),
+            advertise_addr: None,
+            leader_lease_ms: 5_000,
+            meta_connect_timeout_ms: 0,
         }
     }
 }

@@ -79,6 +79,9 @@ impl OpError {
             Self::ReadOnly { .. } => ErrorKind::PermissionDenied,
             Self::FileExists(_) => ErrorKind::AlreadyExists,
             Self::IsDirectory(_) => ErrorKind::IsDirectory,
+            // A leader that stepped down mid-call: the client sends it to the new leader.
+            Self::Store(StoreError::NotLeader) => ErrorKind::NotLeader,
+            Self::Store(StoreError::Etcd(_)) => ErrorKind::Unavailable,
             Self::Store(_) | Self::JobVanished => ErrorKind::Internal,
         }
     }

@@ -5,12 +5,13 @@
 //! Modules import one way, each only from the layers below it:
 //!
 //! 1. `start`: [`Master::start`] opens the store, loads the state, builds the parts below,
-//!    binds the servers, spawns the background loops, resumes jobs;
+//!    binds the servers, spawns the background loops, resumes jobs; `ha` does the same for
+//!    each term a master leads with etcd, and answers as a standby between terms;
 //! 2. `rpc`: the gRPC adapter, the only module that knows protobuf;
 //! 3. `runner`: load jobs and schedules with their I/O (listing, store, notifications);
 //! 4. `metadata` (mount table and metadata cache) and `cluster` (membership and block map);
 //! 5. `error`: what the layers above fail with, wrapping the errors of those below;
-//! 6. `store`: the durable records in redb;
+//! 6. `store`: the durable records in redb, or in etcd with the leader election;
 //! 7. without I/O: the state machines `jobs`, `schedule`, `membership`, `blockmap`, the
 //!    `mounts` table, `filter`, `reports`; and `config`, `locks`, `metrics_defs`.
 
@@ -19,6 +20,7 @@ mod cluster;
 pub mod config;
 mod error;
 mod filter;
+mod ha;
 mod jobs;
 mod locks;
 mod membership;

@@ -23,6 +23,15 @@ pub struct WorkerRecord {
     pub counters: WorkerCounters,
 }
 
+/// A registered worker as the store keeps it (with etcd), so a new leader knows the workers
+/// before they register with it: who it is and where it is reached.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkerEntry {
+    pub id: String,
+    pub data_addr: String,
+    pub http_addr: String,
+}
+
 #[derive(Debug)]
 pub struct Membership {
     workers: BTreeMap<String, WorkerRecord>,

@@ -54,6 +54,8 @@ pub struct Rpc {
     pub jobs: Arc<JobRunner>,
     /// Told to each worker when it registers.
     pub heartbeat_interval_ms: u64,
+    /// This master's advertised rpc address, reported as the leader by `Status`.
+    pub leader: String,
 }
 
 #[tonic::async_trait]
@@ -202,6 +204,7 @@ impl MasterRpc for Rpc {
             totals: Some(proto_counters(&status.totals)),
             blocks: status.blocks,
             mounts: self.metadata.mount_count() as u64,
+            leader: self.leader.clone(),
         }))
     }
 

@@ -137,7 +137,15 @@ impl JobRunner {
             schedule_id: schedule_id.to_string(),
             ..Default::default()
         };
-        self.store.put_job(&record)?;
+        // A scheduled job is stored with its schedule, advanced past this time, in one write.
+        let schedule = match schedule_id {
+            "" => None,
+            s => lock(&self.schedules).set_last_job(s, &id),
+        };
+        match schedule {
+            Some(schedule) => self.store.put_job_and_schedule(&record, &schedule)?,
+            None => self.store.put_job(&record)?,
+        }
         info!(job = %id, path = %record.path, schedule = %schedule_id, "load job submitted");
         metrics::counter!(m::JOBS_SUBMITTED).increment(1);
         lock(&self.jobs).insert(record);
@@ -405,23 +413,26 @@ impl JobRunner {
             let jobs = lock(&self.jobs);
             lock(&self.schedules).due(now, |job| jobs.is_running(job))
         };
-        for record in changed {
-            if let Err(e) = self.store.put_schedule(&record) {
+        // A fired time is stored in one write with the job it created (`submit`): with several
+        // masters either that write landed (the next leader sees the schedule advanced and the
+        // job) or it did not (the next leader fires the time) — once, never twice. A time that
+        // fires nothing (skipped, or the job refused) is stored alone.
+        for record in changed.iter().filter(|r| !fires.iter().any(|f| f.schedule_id == r.id)) {
+            if let Err(e) = self.store.put_schedule(record) {
                 warn!(schedule = %record.id, err = %e, "cannot store schedule");
             }
         }
         for fire in fires {
-            match self.submit(&fire.path, fire.settings, &fire.schedule_id).await {
-                Ok(job) => {
-                    let record = lock(&self.schedules).set_last_job(&fire.schedule_id, &job.id);
-                    if let Some(record) = record
-                        && let Err(e) = self.store.put_schedule(&record)
-                    {
-                        warn!(schedule = %record.id, err = %e, "cannot store schedule");
-                    }
+            if let Err(e) = self.submit(&fire.path, fire.settings, &fire.schedule_id).await {
+                warn!(schedule = %fire.schedule_id, err = %e, "scheduled load job not submitted");
+                if matches!(e, OpError::Store(_)) {
+                    continue;
                 }
-                Err(e) => {
-                    warn!(schedule = %fire.schedule_id, err = %e, "scheduled load job not submitted")
+                let record = changed.iter().find(|r| r.id == fire.schedule_id);
+                if let Some(record) = record
+                    && let Err(e) = self.store.put_schedule(record)
+                {
+                    warn!(schedule = %record.id, err = %e, "cannot store schedule");
                 }
             }
         }

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::jobs::Jobs;
+use crate::membership::WorkerEntry;
 use crate::metadata::{Metadata, MetadataParams};
 use crate::mounts::{Mount, MountTable};
 use crate::rpc::Rpc;
@@ -42,22 +43,35 @@ pub enum MasterError {
 pub struct MasterHandle {
     pub rpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    store: Arc<dyn MetaStore>,
-    runner: Arc<JobRunner>,
-    cancel: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
+    stop: Stop,
+}
+
+enum Stop {
+    Single {
+        store: Arc<dyn MetaStore>,
+        runner: Arc<JobRunner>,
+        cancel: CancellationToken,
+        tasks: Vec<JoinHandle<()>>,
+    },
+    Ha(crate::ha::HaStop),
 }
 
 impl MasterHandle {
-    /// Stops serving, closes connections and releases the store.
+    /// Stops serving, closes connections and releases the store (with etcd: resigns, so a
+    /// standby takes over at once).
     pub async fn shutdown(self) {
-        self.cancel.cancel();
-        self.runner.shutdown().await;
-        for task in self.tasks {
-            task.abort();
-            let _ = task.await;
+        match self.stop {
+            Stop::Single { store, runner, cancel, tasks } => {
+                cancel.cancel();
+                runner.shutdown().await;
+                for task in tasks {
+                    task.abort();
+                    let _ = task.await;
+                }
+                store.close();
+            }
+            Stop::Ha(ha) => ha.shutdown().await,
         }
-        self.store.close();
     }
 }
 
@@ -75,47 +89,55 @@ impl Master {
     /// [`start`](Self::start) with every decision by elapsed time (worker liveness, metadata
     /// TTLs, task leases, schedules) and every timestamp read on `clock`: a test passes a
     /// `ManualClock` and moves time instead of sleeping.
+    ///
+    /// With `config.meta` naming etcd, the master joins the election and serves as a standby
+    /// until it leads (see `ha`).
     pub async fn start_with_clock(
         config: MasterConfig,
         factory: Arc<dyn UfsFactory>,
         clock: SharedClock,
     ) -> Result<MasterHandle, MasterError> {
+        if !config.meta.is_empty() {
+            let (rpc_addr, http_addr, stop) = crate::ha::start(config, factory, clock).await?;
+            return Ok(MasterHandle { rpc_addr, http_addr, stop: Stop::Ha(stop) });
+        }
         let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
         let (stored, resume) = load_state(store.clone(), factory.as_ref(), &clock)?;
-        let parts = build_parts(&config, stored, factory, clock);
+        let mut parts = build_parts(&config, stored, factory, clock);
         let cancel = parts.cancel.clone();
 
         // Both ports are bound before anything is spawned: a master that cannot start leaves no
         // server behind holding the store open.
         let (listener, rpc_addr) = bind_rpc(config.rpc_addr).await?;
         let (http_addr, http_task) = serve_http(config.http_addr, &parts.runner).await?;
+        parts.rpc.leader = config.advertise_addr.clone().unwrap_or_else(|| rpc_addr.to_string());
         let server = spawn_rpc(listener, parts.rpc, cancel.clone());
 
         let ticker = spawn_liveness_tick(&config, parts.cluster, cancel.clone());
         resume_jobs(&parts.runner, resume, &config);
         let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), cancel.clone());
         info!(%rpc_addr, %http_addr, "master started");
+        let tasks = vec![server, http_task, ticker, jobs_ticker];
         Ok(MasterHandle {
             rpc_addr,
             http_addr,
-            store,
-            runner: parts.runner,
-            cancel,
-            tasks: vec![server, http_task, ticker, jobs_ticker],
+            stop: Stop::Single { store, runner: parts.runner, cancel, tasks },
         })
     }
 }
 
 /// The store and what it holds, ready to serve.
-struct Stored {
+pub(crate) struct Stored {
     store: Arc<dyn MetaStore>,
     mounts: MountTable,
     jobs: Jobs,
     schedules: Schedules,
+    /// Workers a previous leader registered (etcd only).
+    workers: Vec<WorkerEntry>,
 }
 
 /// The stored state, and the ids of the jobs that were running (to resume).
-fn load_state(
+pub(crate) fn load_state(
     store: Arc<dyn MetaStore>,
     factory: &dyn UfsFactory,
     clock: &SharedClock,
@@ -123,25 +145,31 @@ fn load_state(
     let mounts = load_mounts(store.as_ref(), factory)?;
     let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
     let schedules = load_schedules(store.as_ref(), clock)?;
-    info!(mounts = mounts.len(), resuming_jobs = resume.len(), "master state loaded");
-    Ok((Stored { store, mounts, jobs, schedules }, resume))
+    let workers = store.load_workers()?;
+    info!(
+        mounts = mounts.len(),
+        resuming_jobs = resume.len(),
+        workers = workers.len(),
+        "master state loaded"
+    );
+    Ok((Stored { store, mounts, jobs, schedules, workers }, resume))
 }
 
 /// The master's parts, each handed what it uses, and the token that stops them.
-struct Parts {
-    cluster: Arc<Cluster>,
-    runner: Arc<JobRunner>,
-    rpc: Rpc,
-    cancel: CancellationToken,
+pub(crate) struct Parts {
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) runner: Arc<JobRunner>,
+    pub(crate) rpc: Rpc,
+    pub(crate) cancel: CancellationToken,
 }
 
-fn build_parts(
+pub(crate) fn build_parts(
     config: &MasterConfig,
     stored: Stored,
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
 ) -> Parts {
-    let Stored { store, mounts, jobs, schedules } = stored;
+    let Stored { store, mounts, jobs, schedules, workers } = stored;
     let cancel = CancellationToken::new();
     let metadata = Arc::new(Metadata::new(MetadataParams {
         mounts,
@@ -152,7 +180,8 @@ fn build_parts(
         clock: clock.clone(),
     }));
     let timeout = Duration::from_millis(config.worker_timeout_ms);
-    let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone()));
+    let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone(), store.clone()));
+    cluster.preload(workers);
     let runner = Arc::new(JobRunner::new(RunnerParams {
         jobs,
         schedules,
@@ -170,6 +199,7 @@ fn build_parts(
         cluster: cluster.clone(),
         jobs: runner.clone(),
         heartbeat_interval_ms: config.heartbeat_interval_ms,
+        leader: String::new(),
     };
     Parts { cluster, runner, rpc, cancel }
 }
@@ -224,7 +254,7 @@ fn load_schedules(store: &dyn MetaStore, clock: &SharedClock) -> Result<Schedule
     Ok(schedules)
 }
 
-async fn bind_rpc(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), MasterError> {
+pub(crate) async fn bind_rpc(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), MasterError> {
     let bind_err = |source| MasterError::Bind { addr, source };
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let local = listener.local_addr().map_err(bind_err)?;
@@ -241,11 +271,16 @@ async fn serve_http(
     strata_proto::ops_http::serve(addr, health).await.map_err(|source| MasterError::Bind { addr, source })
 }
 
+/// The gRPC service over `rpc`, with the message limits.
+pub(crate) fn master_service(rpc: Rpc) -> MasterServer<Rpc> {
+    MasterServer::new(rpc)
+        .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+}
+
 fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let svc = MasterServer::new(rpc)
-        .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES);
+    let svc = master_service(rpc);
     tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .add_service(svc)
@@ -258,7 +293,7 @@ fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> Join
 }
 
 /// Declares silent workers lost, a few times per timeout.
-fn spawn_liveness_tick(
+pub(crate) fn spawn_liveness_tick(
     config: &MasterConfig,
     cluster: Arc<Cluster>,
     cancel: CancellationToken,
@@ -271,14 +306,14 @@ fn spawn_liveness_tick(
 }
 
 /// Expires leases, follows membership, fires schedules.
-fn spawn_jobs_tick(runner: Arc<JobRunner>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn_jobs_tick(runner: Arc<JobRunner>, cancel: CancellationToken) -> JoinHandle<()> {
     spawn_loop(Duration::from_millis(100), cancel, move || {
         let runner = runner.clone();
         async move { runner.tick().await }
     })
 }
 
-fn resume_jobs(runner: &Arc<JobRunner>, ids: Vec<String>, config: &MasterConfig) {
+pub(crate) fn resume_jobs(runner: &Arc<JobRunner>, ids: Vec<String>, config: &MasterConfig) {
     // Resumed jobs wait for the workers to register again, so their tasks go to the owners on
     // the whole ring and not to whichever worker came back first.
     let settle = Duration::from_millis(config.heartbeat_interval_ms * 3).max(Duration::from_secs(1));

@@ -2,6 +2,10 @@
 //! each, as JSON records keyed by path or id, so a master restart loses nothing; workers
 //! re-register and re-report the rest. A record that no longer parses is reported as `Corrupt`
 //! with its key, never skipped silently.
+//!
+//! [`MetaStore`] is the seam, kept synchronous: a call blocks its caller for one local
+//! transaction (redb) or one etcd round trip, bounded by a timeout (`etcd`, for several masters
+//! with a leader; see that module for the election and the fencing of writes).
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -10,8 +14,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
 use crate::jobs::JobRecord;
+use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
 use crate::schedule::ScheduleRecord;
+
+pub mod etcd;
 
 const MOUNTS: TableDefinition<&str, &str> = TableDefinition::new("mounts");
 const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
@@ -26,6 +33,14 @@ pub enum StoreError {
     Corrupt { key: String, reason: String },
     #[error("metadata store is closed")]
     Closed,
+    /// This master does not lead (any more): the write was refused, by etcd or before it.
+    #[error("not the leader: this master's term ended")]
+    NotLeader,
+    /// etcd refused, failed or did not answer in time.
+    #[error("metadata store: {0}")]
+    Etcd(String),
+    #[error("metadata store configuration: {0}")]
+    Config(String),
 }
 
 fn db_err(e: impl std::fmt::Display) -> StoreError {
@@ -43,6 +58,24 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
     fn put_schedule(&self, record: &ScheduleRecord) -> Result<(), StoreError>;
     fn delete_schedule(&self, id: &str) -> Result<(), StoreError>;
+    /// A job a schedule fired and the schedule advanced past that time, in one write where the
+    /// store can (etcd: one transaction), so a fired time is never lost nor fired twice across
+    /// a failover. By default: the job, then the schedule.
+    fn put_job_and_schedule(&self, job: &JobRecord, schedule: &ScheduleRecord) -> Result<(), StoreError> {
+        self.put_job(job)?;
+        self.put_schedule(schedule)
+    }
+    /// Registered workers, for a new leader (etcd). A single master keeps membership as soft
+    /// state (workers register again after a restart): by default nothing is kept.
+    fn load_workers(&self) -> Result<Vec<WorkerEntry>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_worker(&self, _entry: &WorkerEntry) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn delete_worker(&self, _id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -150,9 +183,91 @@ impl MetaStore for RedbStore {
         self.delete(SCHEDULES, id)
     }
 
+    fn put_job_and_schedule(&self, job: &JobRecord, schedule: &ScheduleRecord) -> Result<(), StoreError> {
+        let job_value = serde_json::to_string(job).map_err(db_err)?;
+        let schedule_value = serde_json::to_string(schedule).map_err(db_err)?;
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            txn.open_table(JOBS)
+                .map_err(db_err)?
+                .insert(job.id.as_str(), job_value.as_str())
+                .map_err(db_err)?;
+            txn.open_table(SCHEDULES)
+                .map_err(db_err)?
+                .insert(schedule.id.as_str(), schedule_value.as_str())
+                .map_err(db_err)?;
+            txn.commit().map_err(db_err)
+        })
+    }
+
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
+}
+
+/// An in-memory store for unit tests, keeping only workers, whose writes fail with
+/// [`StoreError::NotLeader`] while `deposed` is set (a leader that lost its term).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct MemStore {
+    pub workers: Mutex<std::collections::BTreeMap<String, WorkerEntry>>,
+    pub deposed: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+impl MemStore {
+    fn write(&self) -> Result<(), StoreError> {
+        if self.deposed.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(StoreError::NotLeader)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+impl MetaStore for MemStore {
+    fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_mount(&self, _: &MountRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_mount(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn load_jobs(&self) -> Result<Vec<JobRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_job(&self, _: &JobRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_job(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn load_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_schedule(&self, _: &ScheduleRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_schedule(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn load_workers(&self) -> Result<Vec<WorkerEntry>, StoreError> {
+        Ok(self.workers.lock().unwrap().values().cloned().collect())
+    }
+    fn put_worker(&self, entry: &WorkerEntry) -> Result<(), StoreError> {
+        self.write()?;
+        self.workers.lock().unwrap().insert(entry.id.clone(), entry.clone());
+        Ok(())
+    }
+    fn delete_worker(&self, id: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.workers.lock().unwrap().remove(id);
+        Ok(())
+    }
+    fn close(&self) {}
 }
 
 #[cfg(test)]

@@ -17,11 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_common::background::{Backoff, sleep_or_cancel};
-use strata_proto::master_client::MasterClient;
+use strata_proto::leader::MasterConn;
 use strata_proto::{FetchLoadTasksRequest, LoadTask, LoadTaskResult, ReportLoadTasksRequest};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tracing::{debug, warn};
 
 use crate::blocks::{BlockRead, BlockService};
@@ -54,7 +53,7 @@ impl Pacer {
 }
 
 pub async fn run(
-    client: MasterClient<Channel>,
+    client: MasterConn,
     worker_id: String,
     blocks: Arc<BlockService>,
     cancel: CancellationToken,

@@ -11,13 +11,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use strata_common::SharedClock;
 use strata_common::background::{Backoff, sleep_or_cancel};
-use strata_proto::master_client::MasterClient;
+use strata_proto::leader::MasterConn;
 use strata_proto::{
     BlockReport, Empty, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage,
     WorkerCounters, WorkerMountsRequest,
 };
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use crate::blocks::BlockService;
@@ -38,19 +37,19 @@ pub struct Identity {
     pub http_addr: String,
 }
 
-/// A (lazily connected) gRPC client of the master.
-pub fn connect(master_addr: &str) -> Result<MasterClient<Channel>, tonic::transport::Error> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{master_addr}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10));
-    Ok(MasterClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES))
+/// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
+/// (`master_addr` a comma-separated list): calls follow the leader through a failover.
+pub fn connect(master_addr: &str) -> Result<MasterConn, tonic::transport::Error> {
+    strata_proto::leader::master_conn(master_addr, |addr| {
+        Ok(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10)))
+    })
 }
 
 /// The master as the source of a worker's (or sidecar's) mount table.
 pub struct MasterMounts {
-    pub client: MasterClient<Channel>,
+    pub client: MasterConn,
     pub worker_id: String,
 }
 
@@ -78,7 +77,7 @@ impl MountSource for MasterMounts {
 
 /// Asks the master for the membership and the client-facing mount table (secrets redacted)
 /// and keeps them as the worker's last view, for clients that cannot reach the master.
-pub async fn refresh_view(client: &MasterClient<Channel>, view: &LastView, clock: &SharedClock) {
+pub async fn refresh_view(client: &MasterConn, view: &LastView, clock: &SharedClock) {
     let mut client = client.clone();
     let fetched = async {
         let membership = client.get_membership(Empty {}).await?.into_inner();
@@ -137,7 +136,7 @@ fn proto_counters(c: CounterSnapshot) -> WorkerCounters {
 
 /// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
 pub async fn run(
-    client: MasterClient<Channel>,
+    client: MasterConn,
     id: Identity,
     blocks: Arc<BlockService>,
     view: Arc<LastView>,

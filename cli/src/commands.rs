@@ -149,6 +149,12 @@ async fn master(args: MasterArgs) -> Result<()> {
     if let Some(d) = args.data_dir {
         cfg.data_dir = d;
     }
+    if let Some(m) = args.meta {
+        cfg.meta = m;
+    }
+    if let Some(a) = args.advertise_addr {
+        cfg.advertise_addr = Some(a);
+    }
     let handle = Master::start(cfg, Arc::new(OpendalFactory)).await?;
     println!("master listening on {} (http {})", handle.rpc_addr, handle.http_addr);
     wait_for_shutdown().await?;
@@ -390,11 +396,17 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
             .collect();
         let mut total = counters(&totals);
         total.as_object_mut().expect("object").insert("blocks".into(), s.blocks.into());
-        let out = json!({"membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total});
+        let out = json!({"leader": s.leader, "membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total});
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    outln!("membership epoch {}  mounts {}  blocks {}", s.membership_epoch, s.mounts, s.blocks)?;
+    outln!(
+        "leader {}  membership epoch {}  mounts {}  blocks {}",
+        s.leader,
+        s.membership_epoch,
+        s.mounts,
+        s.blocks
+    )?;
     outln!(
         "cache hits {}  misses {}  ufs reads {}  ufs bytes {}  served bytes {}",
         totals.cache_hits,

@@ -31,7 +31,8 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "strata", version, about, long_about = None)]
 struct Cli {
-    /// The master's gRPC address (host:port).
+    /// The master's gRPC address (host:port), or the masters of an HA cluster as a
+    /// comma-separated list (host:port,host:port,...): calls follow the leader.
     #[arg(long, global = true, env = "STRATA_MASTER", default_value = strata_common::DEFAULT_MASTER_ADDR)]
     master: String,
     #[command(subcommand)]
@@ -120,6 +121,14 @@ struct MasterArgs {
     /// Directory of the durable store.
     #[arg(long, env = "STRATA_MASTER_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Where mounts, jobs and schedules live: empty for redb in --data-dir (one master), or
+    /// etcd://HOST:PORT[,HOST:PORT...] for several masters with an elected leader.
+    #[arg(long, env = "STRATA_MASTER_META")]
+    meta: Option<String>,
+    /// The host:port clients reach this master at (default: --rpc-addr as bound); standbys
+    /// name the leader by it.
+    #[arg(long, env = "STRATA_MASTER_ADVERTISE_ADDR")]
+    advertise_addr: Option<String>,
 }
 
 #[derive(Args)]

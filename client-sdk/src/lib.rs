@@ -40,9 +40,10 @@ use bytes::Bytes;
 use strata_common::frame::{FileStat, ReadBlockRequest, StatRequest};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, SharedClock, block_slices, path};
+use strata_proto::leader::{DEFAULT_FOLLOW_FOR, LeaderChannel};
 use strata_proto::master_client::MasterClient;
 use strata_proto::{AddMountRequest, ClusterStatus, Empty, ListRequest, MountInfo, RemoveMountRequest};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tracing::{debug, warn};
 use transport::{Sink, Via};
 
@@ -75,7 +76,8 @@ pub const WORKERS_ENV: &str = "STRATA_WORKERS";
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// The master's `host:port`.
+    /// The master's `host:port`, or the masters of an HA cluster as a comma-separated list
+    /// (calls follow the leader).
     pub master_addr: String,
     /// How long a fetched membership and mount table are used before asking again.
     pub membership_refresh: Duration,
@@ -212,7 +214,7 @@ impl View {
 
 struct Inner {
     config: ClientConfig,
-    master: MasterClient<Channel>,
+    master: MasterClient<LeaderChannel>,
     transport: Arc<dyn Transport>,
     /// The sidecar's socket path and the transport that reaches it.
     sidecar: Option<(String, Arc<dyn Transport>)>,
@@ -244,19 +246,27 @@ impl Client {
     /// membership and mounts, in an outage that began when that worker last heard from the
     /// master (see [`outage`]).
     pub async fn connect_with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Result<Self> {
-        let endpoint = master_endpoint(&config)?;
+        let channel = master_channel(&config)?;
         let can_bootstrap = config.sidecar_socket.is_some() || !config.workers.is_empty();
         // A stopped master accepts the connection and never answers: bounded when there is
         // somewhere else to start from.
         let deadline =
             if can_bootstrap { FALLBACK_DEADLINE.max(config.connect_timeout) } else { Duration::MAX };
-        let connected = match tokio::time::timeout(deadline, endpoint.connect()).await {
-            Ok(connected) => connected.map_err(|e| error_chain(&e)),
-            Err(_) => Err(format!("no connection within {} s", deadline.as_secs())),
-        };
-        let (channel, unreachable) = match connected {
-            Ok(channel) => (channel, None),
-            Err(e) => {
+        // Fail fast when no master answers at all; which one leads is the channel's business.
+        let mut last_err = None;
+        for addr in channel.masters() {
+            match tokio::time::timeout(deadline, master_endpoint(&config, addr)?.connect()).await {
+                Ok(Ok(_)) => {
+                    last_err = None;
+                    break;
+                }
+                Ok(Err(e)) => last_err = Some(format!("{addr}: {}", error_chain(&e))),
+                Err(_) => last_err = Some(format!("{addr}: no connection within {} s", deadline.as_secs())),
+            }
+        }
+        let unreachable = match last_err {
+            None => None,
+            Some(e) => {
                 let err = ClientError::MasterUnavailable(format!(
                     "cannot reach the master at {}: {e}",
                     config.master_addr
@@ -264,7 +274,7 @@ impl Client {
                 if !can_bootstrap {
                     return Err(err);
                 }
-                (endpoint.connect_lazy(), Some(err))
+                Some(err)
             }
         };
         let view = View::empty(config.clock.now());
@@ -428,7 +438,7 @@ impl Client {
     /// the runtime that will run it.
     pub fn with_new_connections(&self) -> Result<Self> {
         let config = self.inner.config.clone();
-        let channel = master_endpoint(&config)?.connect_lazy();
+        let channel = master_channel(&config)?;
         let transport = rdma::transport_for(config.rdma, config.connect_timeout, config.request_timeout);
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone();
         let stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -438,7 +448,7 @@ impl Client {
     fn assemble(
         config: ClientConfig,
         transport: Arc<dyn Transport>,
-        channel: Channel,
+        channel: LeaderChannel,
         view: View,
         stats: HashMap<String, (Instant, FileInfo)>,
     ) -> Self {
@@ -488,7 +498,7 @@ impl Client {
         &self.inner.config
     }
 
-    fn master(&self) -> MasterClient<Channel> {
+    fn master(&self) -> MasterClient<LeaderChannel> {
         self.inner.master.clone()
     }
 
@@ -913,12 +923,34 @@ impl Client {
     }
 }
 
-/// The master's gRPC endpoint with the client's timeouts.
-fn master_endpoint(config: &ClientConfig) -> Result<Endpoint> {
-    Ok(Endpoint::from_shared(format!("http://{}", config.master_addr))
-        .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))?
-        .connect_timeout(config.connect_timeout)
+/// A master's gRPC endpoint with the client's timeouts.
+fn master_endpoint(config: &ClientConfig, addr: &str) -> Result<Endpoint> {
+    endpoint_for(addr, config.connect_timeout)
+        .map_err(|e| ClientError::InvalidArgument(format!("master address {addr:?}: {e}")))
+}
+
+fn endpoint_for(
+    addr: &str,
+    connect_timeout: Duration,
+) -> std::result::Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(connect_timeout)
         .timeout(Duration::from_secs(30)))
+}
+
+/// The channel to the master, or to the masters of an HA cluster (`master_addr` a
+/// comma-separated list), following the leader.
+fn master_channel(config: &ClientConfig) -> Result<LeaderChannel> {
+    let masters = strata_common::master_addrs(&config.master_addr);
+    if masters.is_empty() {
+        return Err(ClientError::InvalidArgument(format!("no master address in {:?}", config.master_addr)));
+    }
+    for addr in &masters {
+        master_endpoint(config, addr)?;
+    }
+    let connect_timeout = config.connect_timeout;
+    LeaderChannel::new(masters, move |addr| endpoint_for(addr, connect_timeout), DEFAULT_FOLLOW_FOR)
+        .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

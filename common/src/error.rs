@@ -31,11 +31,14 @@ pub enum ErrorKind {
     /// A message or a request is over a size limit (a gRPC message past the limit, too many
     /// entries asked at once): page it or narrow it.
     ResourceExhausted = 11,
+    /// A standby master answered: the request belongs to the leader (named in the status's
+    /// `strata-leader` metadata when known). Sending it to the leader may succeed.
+    NotLeader = 12,
 }
 
 impl ErrorKind {
     /// Every kind, for mappings and tests that must cover them all.
-    pub const ALL: [ErrorKind; 11] = [
+    pub const ALL: [ErrorKind; 12] = [
         Self::BadFrame,
         Self::InvalidArgument,
         Self::NotFound,
@@ -47,11 +50,12 @@ impl ErrorKind {
         Self::IsDirectory,
         Self::PermissionDenied,
         Self::ResourceExhausted,
+        Self::NotLeader,
     ];
 
     /// Whether the same request may succeed if sent again (to this or another server).
     pub fn is_temporary(self) -> bool {
-        matches!(self, ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::Internal)
+        matches!(self, ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::Internal | ErrorKind::NotLeader)
     }
 
     pub fn from_u8(code: u8) -> Option<Self> {
@@ -67,6 +71,7 @@ impl ErrorKind {
             9 => Self::IsDirectory,
             10 => Self::PermissionDenied,
             11 => Self::ResourceExhausted,
+            12 => Self::NotLeader,
             _ => return None,
         })
     }
@@ -88,6 +93,7 @@ impl ErrorKind {
             Self::IsDirectory => "is_directory",
             Self::PermissionDenied => "permission_denied",
             Self::ResourceExhausted => "resource_exhausted",
+            Self::NotLeader => "not_leader",
         }
     }
 }

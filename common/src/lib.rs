@@ -36,6 +36,20 @@ pub const DEFAULT_MASTER_PORT: u16 = 19998;
 /// `STRATA_MASTER`): this host, on [`DEFAULT_MASTER_PORT`].
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1:19998";
 
+/// The masters named by a `--master` / `STRATA_MASTER` value: one `host:port`, or several
+/// separated by commas (the masters of an HA cluster, in the order to try them). Blanks around
+/// entries are ignored; the list is deduplicated keeping the first occurrence. Every client of
+/// the master (SDK, worker, CLI, Python) reads the value through this one function.
+pub fn master_addrs(value: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for addr in value.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        if !out.iter().any(|known| known == addr) {
+            out.push(addr.to_string());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -43,5 +57,12 @@ mod tests {
         let addr: std::net::SocketAddr = super::DEFAULT_MASTER_ADDR.parse().unwrap();
         assert_eq!(addr.port(), super::DEFAULT_MASTER_PORT);
         assert!(addr.ip().is_loopback());
+    }
+
+    #[test]
+    fn master_lists_split_on_commas_trimmed_and_deduplicated() {
+        assert_eq!(super::master_addrs("a:1"), ["a:1"]);
+        assert_eq!(super::master_addrs(" a:1, b:2,,a:1 ,c:3 "), ["a:1", "b:2", "c:3"]);
+        assert!(super::master_addrs(" , ").is_empty());
     }
 }

@@ -5,6 +5,7 @@ use strata_common::ErrorKind;
 
 tonic::include_proto!("strata.v1");
 
+pub mod leader;
 pub mod ops_http;
 
 /// gRPC metadata entry that carries a Strata status's exact [`ErrorKind`] (its
@@ -59,7 +60,7 @@ fn code_of(kind: ErrorKind) -> tonic::Code {
         ErrorKind::BadFrame | ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::VersionChanged => Code::Aborted,
-        ErrorKind::Ufs | ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Ufs | ErrorKind::Unavailable | ErrorKind::NotLeader => Code::Unavailable,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::IsDirectory => Code::FailedPrecondition,
         ErrorKind::PermissionDenied => Code::PermissionDenied,

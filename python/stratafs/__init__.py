@@ -28,7 +28,8 @@ DEFAULT_MASTER: str = _native.DEFAULT_MASTER
 class StrataFileSystem(AbstractFileSystem):
     """A Strata cluster as an fsspec filesystem.
 
-    ``master`` is the master's ``host:port``; it defaults to ``$STRATA_MASTER``, then
+    ``master`` is the master's ``host:port``, or the masters of a highly available cluster as a
+    comma-separated list (calls follow the leader); it defaults to ``$STRATA_MASTER``, then
     ``127.0.0.1:19998`` (as for the ``strata`` CLI).
 
     The instance may be created before ``fork`` (PyTorch DataLoader workers, multiprocessing

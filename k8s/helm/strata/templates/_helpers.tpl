@@ -24,13 +24,53 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The master's gRPC address as pods of this namespace reach it (short name: no namespace is
 baked into the rendered objects, so the kustomize base can be put in any namespace). */}}
+{{/* With several masters: every master pod by name, comma-separated (clients follow the leader). */}}
 {{- define "strata.masterAddr" -}}
-{{ include "strata.fullname" . }}-master:{{ .Values.master.rpcPort }}
+{{- include "strata.masterList" (dict "root" . "suffix" "") -}}
 {{- end -}}
 
 {{/* The master's address from any namespace. */}}
 {{- define "strata.masterAddrFqdn" -}}
-{{ include "strata.fullname" . }}-master.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}:{{ .Values.master.rpcPort }}
+{{- include "strata.masterList" (dict "root" . "suffix" (printf ".%s.svc.%s" .Release.Namespace .Values.clusterDomain)) -}}
+{{- end -}}
+
+{{- define "strata.masterList" -}}
+{{- $root := .root -}}
+{{- $name := printf "%s-master" (include "strata.fullname" $root) -}}
+{{- $port := int $root.Values.master.rpcPort -}}
+{{- if gt (int $root.Values.master.replicas) 1 -}}
+{{- $addrs := list -}}
+{{- range $i := until (int $root.Values.master.replicas) -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s%s:%d" $name $i $name $.suffix $port) -}}
+{{- end -}}
+{{- join "," $addrs -}}
+{{- else -}}
+{{- printf "%s%s:%d" $name .suffix $port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the masters run on etcd (several replicas), checked: etcd must be given. */}}
+{{- define "strata.masterHa" -}}
+{{- if gt (int .Values.master.replicas) 1 -}}
+{{- if and (not .Values.etcd.enabled) (empty .Values.etcd.endpoints) -}}
+{{- fail "master.replicas > 1 keeps the masters' state in etcd: set etcd.enabled=true or etcd.endpoints" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The masters' --meta value: the chart's etcd members, or etcd.endpoints. */}}
+{{- define "strata.etcdMeta" -}}
+{{- if .Values.etcd.enabled -}}
+{{- $name := printf "%s-etcd" (include "strata.fullname" .) -}}
+{{- $eps := list -}}
+{{- range $i := until (int .Values.etcd.replicas) -}}
+{{- $eps = append $eps (printf "%s-%d.%s:%d" $name $i $name (int $.Values.etcd.clientPort)) -}}
+{{- end -}}
+etcd://{{ join "," $eps }}
+{{- else -}}
+etcd://{{ join "," .Values.etcd.endpoints }}
+{{- end -}}
 {{- end -}}
 
 {{/* Container security context shared by every Strata container. */}}
