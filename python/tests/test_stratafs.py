@@ -46,6 +46,23 @@ def test_registered_protocol_and_url_forms(cluster, fs):
     assert fsspec.filesystem("strata").master == cluster.master
 
 
+def test_a_list_of_masters_whose_first_is_down(cluster):
+    # STRATA_MASTER / master= take a comma-separated list; the client follows the one that
+    # answers (and, with HA masters, the leader).
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    masters = f"{dead},{cluster.master}"
+    fs2 = fsspec.filesystem("strata", master=masters, skip_instance_cache=True)
+    assert fs2.master == masters
+    payload = rand(4321)
+    fs2.pipe_file("/data/master-list.bin", payload)
+    assert fs2.cat_file("/data/master-list.bin") == payload
+    assert "/data/master-list.bin" in fs2.ls("/data", detail=False)
+
+
 # ---- bytes ----
 
 
