@@ -43,3 +43,42 @@ pub async fn direct_read(
     assert_eq!(n, size);
     started.elapsed()
 }
+
+/// Heap measured, not estimated: a global allocator that forwards to the system's and keeps the
+/// live byte count. A binary installs it with
+/// `#[global_allocator] static ALLOCATOR: Counting = Counting;` and reads [`counting::live`].
+pub mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    #[derive(Debug)]
+    pub struct Counting;
+
+    static LIVE: AtomicI64 = AtomicI64::new(0);
+
+    // SAFETY: forwards to the system allocator and only counts the sizes it is asked for.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+            // SAFETY: the caller's contract is System's.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// Bytes allocated and not yet freed, through [`Counting`].
+    pub fn live() -> i64 {
+        LIVE.load(Ordering::Relaxed)
+    }
+}

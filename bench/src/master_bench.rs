@@ -12,13 +12,12 @@
 //! rates are what one master answers while its own callers compete with it for CPU. `Stat` is
 //! measured on raw RPCs: the client SDK would answer most of them from its own cache.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use strata_bench::counting::{Counting, live};
 use strata_master::{Master, MasterConfig};
 use strata_proto::master_client::MasterClient;
 use strata_proto::{
@@ -26,37 +25,8 @@ use strata_proto::{
 };
 use tonic::transport::Channel;
 
-struct Counting;
-
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: forwards to the system allocator and only counts the sizes it is asked for.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-fn live() -> i64 {
-    LIVE.load(Ordering::Relaxed)
-}
 
 #[derive(Parser, Clone)]
 struct Args {

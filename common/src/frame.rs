@@ -419,6 +419,25 @@ impl RdmaEndpoint {
     }
 }
 
+/// A request whose body is its id and one path (`WriteBegin`, `Stat`).
+fn encode_path_request(op: Op, req_id: u64, path: &str) -> Vec<u8> {
+    let mut out = request_header(op, 8 + 2 + path.len()).to_vec();
+    out.extend_from_slice(&req_id.to_le_bytes());
+    out.extend_from_slice(&(path.len() as u16).to_le_bytes());
+    out.extend_from_slice(path.as_bytes());
+    out
+}
+
+fn decode_path_body(body: &[u8]) -> Result<(u64, String), FrameError> {
+    let mut r = Reader { buf: body, pos: 0 };
+    let req_id = r.u64()?;
+    let path = r.string()?;
+    if r.pos != body.len() {
+        return Err(FrameError::Malformed);
+    }
+    Ok((req_id, path))
+}
+
 /// The first frame of a write: which file to replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteBegin {
@@ -429,21 +448,11 @@ pub struct WriteBegin {
 
 impl WriteBegin {
     pub fn encode(&self) -> Vec<u8> {
-        let body_len = 8 + 2 + self.path.len();
-        let mut out = request_header(Op::WriteBegin, body_len).to_vec();
-        out.extend_from_slice(&self.req_id.to_le_bytes());
-        out.extend_from_slice(&(self.path.len() as u16).to_le_bytes());
-        out.extend_from_slice(self.path.as_bytes());
-        out
+        encode_path_request(Op::WriteBegin, self.req_id, &self.path)
     }
 
     pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
-        let mut r = Reader { buf: body, pos: 0 };
-        let req_id = r.u64()?;
-        let path = r.string()?;
-        if r.pos != body.len() {
-            return Err(FrameError::Malformed);
-        }
+        let (req_id, path) = decode_path_body(body)?;
         Ok(Self { req_id, path })
     }
 }
@@ -471,21 +480,11 @@ pub struct StatRequest {
 
 impl StatRequest {
     pub fn encode(&self) -> Vec<u8> {
-        let body_len = 8 + 2 + self.path.len();
-        let mut out = request_header(Op::Stat, body_len).to_vec();
-        out.extend_from_slice(&self.req_id.to_le_bytes());
-        out.extend_from_slice(&(self.path.len() as u16).to_le_bytes());
-        out.extend_from_slice(self.path.as_bytes());
-        out
+        encode_path_request(Op::Stat, self.req_id, &self.path)
     }
 
     pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
-        let mut r = Reader { buf: body, pos: 0 };
-        let req_id = r.u64()?;
-        let path = r.string()?;
-        if r.pos != body.len() {
-            return Err(FrameError::Malformed);
-        }
+        let (req_id, path) = decode_path_body(body)?;
         Ok(Self { req_id, path })
     }
 }
