@@ -34,11 +34,15 @@ pub enum ErrorKind {
     /// A standby master answered: the request belongs to the leader (named in the status's
     /// `strata-leader` metadata when known). Sending it to the leader may succeed.
     NotLeader = 12,
+    /// The caller did not prove who it is: no token, an unknown or revoked one, or a data-plane
+    /// request before the connection's auth frame. (A known caller whose role or path scope
+    /// does not allow the request gets [`PermissionDenied`](Self::PermissionDenied).)
+    Unauthenticated = 13,
 }
 
 impl ErrorKind {
     /// Every kind, for mappings and tests that must cover them all.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         Self::BadFrame,
         Self::InvalidArgument,
         Self::NotFound,
@@ -51,6 +55,7 @@ impl ErrorKind {
         Self::PermissionDenied,
         Self::ResourceExhausted,
         Self::NotLeader,
+        Self::Unauthenticated,
     ];
 
     /// Whether the same request may succeed if sent again (to this or another server).
@@ -72,6 +77,7 @@ impl ErrorKind {
             10 => Self::PermissionDenied,
             11 => Self::ResourceExhausted,
             12 => Self::NotLeader,
+            13 => Self::Unauthenticated,
             _ => return None,
         })
     }
@@ -94,6 +100,7 @@ impl ErrorKind {
             Self::PermissionDenied => "permission_denied",
             Self::ResourceExhausted => "resource_exhausted",
             Self::NotLeader => "not_leader",
+            Self::Unauthenticated => "unauthenticated",
         }
     }
 }

@@ -64,6 +64,7 @@ fn code_of(kind: ErrorKind) -> tonic::Code {
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::IsDirectory => Code::FailedPrecondition,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         _ => Code::Internal,
     }
@@ -80,6 +81,7 @@ fn kind_of_code(code: tonic::Code) -> ErrorKind {
         Code::AlreadyExists => ErrorKind::AlreadyExists,
         Code::FailedPrecondition => ErrorKind::IsDirectory,
         Code::PermissionDenied => ErrorKind::PermissionDenied,
+        Code::Unauthenticated => ErrorKind::Unauthenticated,
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => ErrorKind::Unavailable,
         _ => ErrorKind::Internal,
     }

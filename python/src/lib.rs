@@ -43,7 +43,7 @@ fn to_py(e: ClientError) -> PyErr {
     match e.kind() {
         K::NotFound => PyFileNotFoundError::new_err(msg),
         K::IsDirectory => PyIsADirectoryError::new_err(msg),
-        K::PermissionDenied => PyPermissionError::new_err(msg),
+        K::PermissionDenied | K::Unauthenticated => PyPermissionError::new_err(msg),
         K::InvalidArgument => PyValueError::new_err(msg),
         K::AlreadyExists => PyFileExistsError::new_err(msg),
         K::Unavailable => PyConnectionError::new_err(msg),

@@ -1,0 +1,6 @@
+//! Who may do what in a Strata cluster, and how the bytes between its parts are protected.
+//!
+//! - [`token`]: bearer tokens (random, stored only as hashes), their roles and path scopes, and
+//!   the check every control-plane call and data-plane connection goes through.
+
+pub mod token;

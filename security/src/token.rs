@@ -1,0 +1,1 @@
+//! Tokens, roles and path scopes.
