@@ -500,8 +500,10 @@ async fn short_circuit_rows(
             config.memory_capacity = 0;
             config.nvme_capacity = size + 256 * MIB;
         }
+        config.token = cluster.worker_token();
         let upstream = strata_client::ClusterUpstream::connect(
             &config.master_addr,
+            config.token.clone(),
             Duration::from_millis(config.ufs_timeout_ms),
         )
         .await

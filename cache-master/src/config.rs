@@ -42,6 +42,32 @@ pub struct MasterConfig {
     /// it exits with the error. Default 0: one attempt, a clear error at once. Deployments that
     /// start masters and etcd together (the Helm chart) set it so the masters wait for etcd.
     pub meta_connect_timeout_ms: u64,
+    /// Require a token on every call (and workers on every data-plane connection). Default
+    /// true; false lets anyone who reaches the ports do anything (a laptop, a test).
+    pub auth: bool,
+    /// File holding the admin token: read at start when it exists (a Kubernetes Secret, or the
+    /// token an earlier start wrote), else created with a new token (mode 0600). Default
+    /// `<data_dir>/admin.token` (`strata standalone`: `<state dir>/admin.token`).
+    pub admin_token_file: Option<PathBuf>,
+    /// File holding the token workers present, read or created like `admin_token_file`.
+    /// Default `<data_dir>/worker.token`.
+    pub worker_token_file: Option<PathBuf>,
+}
+
+impl MasterConfig {
+    /// The admin and worker token files, defaults filled in.
+    pub fn token_files(&self) -> crate::auth::Bootstrap {
+        crate::auth::Bootstrap {
+            admin_file: self
+                .admin_token_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(strata_security::token::ADMIN_TOKEN_FILE)),
+            worker_file: self
+                .worker_token_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(strata_security::token::WORKER_TOKEN_FILE)),
+        }
+    }
 }
 
 impl Default for MasterConfig {
@@ -58,6 +84,9 @@ impl Default for MasterConfig {
             advertise_addr: None,
             leader_lease_ms: 5_000,
             meta_connect_timeout_ms: 0,
+            auth: true,
+            admin_token_file: None,
+            worker_token_file: None,
         }
     }
 }

@@ -50,6 +50,14 @@ pub enum OpError {
     #[error("job vanished")]
     JobVanished,
     #[error(transparent)]
+    Auth(#[from] strata_security::token::AuthError),
+    #[error(transparent)]
+    TokenFile(#[from] strata_security::token::TokenFileError),
+    #[error("no token {0} (see `strata token ls`)")]
+    NoToken(String),
+    #[error("token {id} is read from {file} at start: replace the file and restart the masters to rotate it")]
+    FileToken { id: String, file: String },
+    #[error(transparent)]
     Store(#[from] StoreError),
 }
 
@@ -73,7 +81,9 @@ impl OpError {
             | Self::Filter(_)
             | Self::Schedule(_)
             | Self::TooManyReplicas { .. } => ErrorKind::InvalidArgument,
-            Self::NoMount(_) | Self::NoJob(_) | Self::NoSchedule(_) => ErrorKind::NotFound,
+            Self::NoMount(_) | Self::NoJob(_) | Self::NoSchedule(_) | Self::NoToken(_) => ErrorKind::NotFound,
+            Self::Auth(e) => e.kind(),
+            Self::FileToken { .. } => ErrorKind::InvalidArgument,
             Self::Mount(e) => e.kind(),
             Self::Ufs { source, .. } => source.kind(),
             Self::ReadOnly { .. } => ErrorKind::PermissionDenied,
@@ -82,7 +92,7 @@ impl OpError {
             // A leader that stepped down mid-call: the client sends it to the new leader.
             Self::Store(StoreError::NotLeader) => ErrorKind::NotLeader,
             Self::Store(StoreError::Etcd(_)) => ErrorKind::Unavailable,
-            Self::Store(_) | Self::JobVanished => ErrorKind::Internal,
+            Self::Store(_) | Self::JobVanished | Self::TokenFile(_) => ErrorKind::Internal,
         }
     }
 }

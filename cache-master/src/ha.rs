@@ -34,7 +34,7 @@ use crate::config::MasterConfig;
 use crate::rpc::Rpc;
 use crate::runner::JobRunner;
 use crate::start::{
-    MasterError, bind_rpc, build_parts, load_state, master_service, resume_jobs, spawn_jobs_tick,
+    MasterError, MasterService, bind_rpc, build_parts, load_state, master_service, resume_jobs, spawn_jobs_tick,
     spawn_liveness_tick,
 };
 use crate::store::MetaStore;
@@ -42,7 +42,7 @@ use crate::store::etcd::{Etcd, EtcdStore, Role};
 
 #[derive(Clone)]
 enum GateState {
-    Leading(MasterServer<Rpc>),
+    Leading(MasterService),
     Standby(Option<String>),
 }
 
@@ -242,7 +242,7 @@ impl TermFollower {
     /// Loads the state as the leader of term `revision`, starts its parts, opens the gate.
     fn lead(&self, revision: i64) -> Result<Term, MasterError> {
         let store: Arc<dyn MetaStore> = Arc::new(EtcdStore { etcd: self.etcd.clone(), revision });
-        let (stored, resume) = load_state(store, self.factory.as_ref(), &self.clock)?;
+        let (stored, resume) = load_state(&self.config, store, self.factory.as_ref(), &self.clock)?;
         let mut parts = build_parts(&self.config, stored, self.factory.clone(), self.clock.clone());
         parts.rpc.leader = self.advertise.clone();
         let ticker = spawn_liveness_tick(&self.config, parts.cluster.clone(), parts.cancel.clone());

@@ -7,7 +7,8 @@
 //! 1. `start`: [`Master::start`] opens the store, loads the state, builds the parts below,
 //!    binds the servers, spawns the background loops, resumes jobs; `ha` does the same for
 //!    each term a master leads with etcd, and answers as a standby between terms;
-//! 2. `rpc`: the gRPC adapter, the only module that knows protobuf;
+//! 2. `rpc`: the gRPC adapter, the only module that knows protobuf, behind `auth` (the token
+//!    check every call passes first, and the accepted tokens);
 //! 3. `runner`: load jobs and schedules with their I/O (listing, store, notifications);
 //! 4. `metadata` (mount table and metadata cache) and `cluster` (membership and block map);
 //! 5. `error`: what the layers above fail with, wrapping the errors of those below;
@@ -15,6 +16,7 @@
 //! 7. without I/O: the state machines `jobs`, `schedule`, `membership`, `blockmap`, the
 //!    `mounts` table, `filter`, `reports`; and `config`, `locks`, `metrics_defs`.
 
+pub mod auth;
 mod blockmap;
 mod cluster;
 pub mod config;

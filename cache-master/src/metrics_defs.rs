@@ -4,6 +4,9 @@
 pub const RPC_REQUESTS: &str = "strata_master_rpc_requests_total";
 /// Counter, labels `rpc`, `kind`: control-plane requests that failed.
 pub const RPC_ERRORS: &str = "strata_master_rpc_errors_total";
+/// Counter, labels `rpc` (the method, or `path_scope`), `reason` (`missing`, `unknown`,
+/// `malformed`, `role`, `scope`): calls refused by the token check.
+pub const AUTH_REFUSED: &str = "strata_master_auth_refused_total";
 /// Gauge: live workers.
 pub const LIVE_WORKERS: &str = "strata_master_live_workers";
 /// Counter: workers declared lost after missing heartbeats.

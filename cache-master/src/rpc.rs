@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use strata_proto as pb;
 use strata_proto::master_server::Master as MasterRpc;
+use strata_security::token::{Access, TokenRecord};
 use strata_ufs::{ObjectMeta, redact_options};
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Tokens, check_path};
 use crate::cluster::{Cluster, Heartbeat};
 use crate::error::OpError;
 use crate::jobs::{JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
@@ -56,6 +58,7 @@ pub struct Rpc {
     pub heartbeat_interval_ms: u64,
     /// This master's advertised rpc address, reported as the leader by `Status`.
     pub leader: String,
+    pub tokens: Arc<Tokens>,
 }
 
 #[tonic::async_trait]
@@ -91,6 +94,7 @@ impl MasterRpc for Rpc {
     async fn stat(&self, req: Request<pb::StatRequest>) -> RpcResult<pb::FileStatus> {
         const RPC: &str = "stat";
         count(RPC);
+        check_path(&req, Access::Read, &req.get_ref().path)?;
         let req = req.into_inner();
         let (r, meta) = self.metadata.stat(&req.path, req.sync).await.map_err(status(RPC))?;
         Ok(Response::new(file_status(&r.path, &r.mount, &r.rel, &meta)))
@@ -99,6 +103,7 @@ impl MasterRpc for Rpc {
     async fn list(&self, req: Request<pb::ListRequest>) -> RpcResult<pb::ListResponse> {
         const RPC: &str = "list";
         count(RPC);
+        check_path(&req, Access::Read, &req.get_ref().path)?;
         let req = req.into_inner();
         let (mount, entries, next) = self
             .metadata
@@ -112,6 +117,7 @@ impl MasterRpc for Rpc {
     async fn find(&self, req: Request<pb::FindRequest>) -> RpcResult<pb::FindResponse> {
         const RPC: &str = "find";
         count(RPC);
+        check_path(&req, Access::Read, &req.get_ref().path)?;
         let req = req.into_inner();
         let (mount, entries, next) = self
             .metadata
@@ -125,6 +131,7 @@ impl MasterRpc for Rpc {
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> RpcResult<pb::Empty> {
         const RPC: &str = "delete";
         count(RPC);
+        check_path(&req, Access::Write, &req.get_ref().path)?;
         let req = req.into_inner();
         self.metadata.delete(&req.path, req.recursive).await.map_err(status(RPC))?;
         Ok(Response::new(pb::Empty {}))
@@ -133,6 +140,7 @@ impl MasterRpc for Rpc {
     async fn mkdir(&self, req: Request<pb::MkdirRequest>) -> RpcResult<pb::Empty> {
         const RPC: &str = "mkdir";
         count(RPC);
+        check_path(&req, Access::Write, &req.get_ref().path)?;
         self.metadata.mkdir(&req.into_inner().path).await.map_err(status(RPC))?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -140,6 +148,7 @@ impl MasterRpc for Rpc {
     async fn invalidate(&self, req: Request<pb::InvalidateRequest>) -> RpcResult<pb::Empty> {
         const RPC: &str = "invalidate";
         count(RPC);
+        check_path(&req, Access::Write, &req.get_ref().path)?;
         self.metadata.invalidate(&req.into_inner().path).await.map_err(status(RPC))?;
         Ok(Response::new(pb::Empty {}))
     }
@@ -150,6 +159,7 @@ impl MasterRpc for Rpc {
     ) -> RpcResult<pb::BlockLocations> {
         const RPC: &str = "get_block_locations";
         count(RPC);
+        check_path(&req, Access::Read, &req.get_ref().path)?;
         let req = req.into_inner();
         let (r, meta) = self.metadata.stat(&req.path, false).await.map_err(status(RPC))?;
         if meta.is_dir {
@@ -221,6 +231,7 @@ impl MasterRpc for Rpc {
             membership_epoch: epoch,
             heartbeat_interval_ms: self.heartbeat_interval_ms,
             mounts_epoch: self.metadata.mounts_epoch(),
+            tokens_epoch: self.tokens.epoch(),
         }))
     }
 
@@ -240,6 +251,7 @@ impl MasterRpc for Rpc {
             reregister: answer.reregister,
             membership_epoch: answer.membership_epoch,
             mounts_epoch,
+            tokens_epoch: self.tokens.epoch(),
         }))
     }
 
@@ -324,6 +336,52 @@ impl MasterRpc for Rpc {
         let results: Vec<LoadTaskResult> = req.results.iter().map(load_task_result).collect();
         let running_jobs = self.jobs.report(&req.worker_id, &results);
         Ok(Response::new(pb::ReportLoadTasksResponse { running_jobs }))
+    }
+
+    async fn create_token(&self, req: Request<pb::CreateTokenRequest>) -> RpcResult<pb::CreateTokenResponse> {
+        const RPC: &str = "create_token";
+        count(RPC);
+        let req = req.into_inner();
+        let (token, record) = self.tokens.create(&req.role, &req.prefix, &req.name).map_err(status(RPC))?;
+        Ok(Response::new(pb::CreateTokenResponse { info: Some(token_info(&record)), token }))
+    }
+
+    async fn list_tokens(&self, _: Request<pb::Empty>) -> RpcResult<pb::TokenList> {
+        count("list_tokens");
+        Ok(Response::new(pb::TokenList { tokens: self.tokens.list().iter().map(token_info).collect() }))
+    }
+
+    async fn revoke_token(&self, req: Request<pb::RevokeTokenRequest>) -> RpcResult<pb::TokenInfo> {
+        const RPC: &str = "revoke_token";
+        count(RPC);
+        let record = self.tokens.revoke(&req.into_inner().id).map_err(status(RPC))?;
+        Ok(Response::new(token_info(&record)))
+    }
+
+    async fn worker_tokens(&self, _: Request<pb::WorkerTokensRequest>) -> RpcResult<pb::WorkerTokenTable> {
+        count("worker_tokens");
+        let (epoch, records) = self.tokens.for_workers();
+        let tokens = records
+            .into_iter()
+            .map(|r| pb::WorkerTokenEntry {
+                hash: r.hash,
+                role: r.role.as_str().to_string(),
+                prefix: r.prefix.unwrap_or_default(),
+                id: r.id,
+            })
+            .collect();
+        Ok(Response::new(pb::WorkerTokenTable { epoch, auth_enabled: self.tokens.enabled(), tokens }))
+    }
+}
+
+fn token_info(r: &TokenRecord) -> pb::TokenInfo {
+    pb::TokenInfo {
+        id: r.id.clone(),
+        role: r.role.as_str().to_string(),
+        prefix: r.prefix.clone().unwrap_or_default(),
+        name: r.name.clone(),
+        created_ms: r.created_ms,
+        file: r.file.as_ref().map(|f| f.display().to_string()).unwrap_or_default(),
     }
 }
 

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::auth::{Authed, Tokens};
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::jobs::Jobs;
@@ -37,6 +38,8 @@ pub enum MasterError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("tokens: {0}")]
+    Tokens(#[from] crate::error::OpError),
 }
 
 /// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
@@ -102,7 +105,7 @@ impl Master {
             return Ok(MasterHandle { rpc_addr, http_addr, stop: Stop::Ha(stop) });
         }
         let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
-        let (stored, resume) = load_state(store.clone(), factory.as_ref(), &clock)?;
+        let (stored, resume) = load_state(&config, store.clone(), factory.as_ref(), &clock)?;
         let mut parts = build_parts(&config, stored, factory, clock);
         let cancel = parts.cancel.clone();
 
@@ -134,14 +137,23 @@ pub(crate) struct Stored {
     schedules: Schedules,
     /// Workers a previous leader registered (etcd only).
     workers: Vec<WorkerEntry>,
+    tokens: Arc<Tokens>,
 }
 
 /// The stored state, and the ids of the jobs that were running (to resume).
 pub(crate) fn load_state(
+    config: &MasterConfig,
     store: Arc<dyn MetaStore>,
     factory: &dyn UfsFactory,
     clock: &SharedClock,
 ) -> Result<(Stored, Vec<String>), MasterError> {
+    let tokens = Arc::new(Tokens::load(
+        config.auth,
+        store.clone(),
+        clock.clone(),
+        Some(&config.token_files()),
+        epoch_base(clock),
+    )?);
     let mounts = load_mounts(store.as_ref(), factory)?;
     let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
     let schedules = load_schedules(store.as_ref(), clock)?;
@@ -150,9 +162,11 @@ pub(crate) fn load_state(
         mounts = mounts.len(),
         resuming_jobs = resume.len(),
         workers = workers.len(),
+        tokens = tokens.list().len(),
+        auth = config.auth,
         "master state loaded"
     );
-    Ok((Stored { store, mounts, jobs, schedules, workers }, resume))
+    Ok((Stored { store, mounts, jobs, schedules, workers, tokens }, resume))
 }
 
 /// The master's parts, each handed what it uses, and the token that stops them.
@@ -169,7 +183,7 @@ pub(crate) fn build_parts(
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
 ) -> Parts {
-    let Stored { store, mounts, jobs, schedules, workers } = stored;
+    let Stored { store, mounts, jobs, schedules, workers, tokens } = stored;
     let cancel = CancellationToken::new();
     let metadata = Arc::new(Metadata::new(MetadataParams {
         mounts,
@@ -200,6 +214,7 @@ pub(crate) fn build_parts(
         jobs: runner.clone(),
         heartbeat_interval_ms: config.heartbeat_interval_ms,
         leader: String::new(),
+        tokens,
     };
     Parts { cluster, runner, rpc, cancel }
 }
@@ -271,11 +286,16 @@ async fn serve_http(
     strata_proto::ops_http::serve(addr, health).await.map_err(|source| MasterError::Bind { addr, source })
 }
 
-/// The gRPC service over `rpc`, with the message limits.
-pub(crate) fn master_service(rpc: Rpc) -> MasterServer<Rpc> {
-    MasterServer::new(rpc)
+/// The gRPC service a master serves: the handlers behind the token check.
+pub(crate) type MasterService = Authed<MasterServer<Rpc>>;
+
+/// The gRPC service over `rpc`, with the message limits, behind the token check.
+pub(crate) fn master_service(rpc: Rpc) -> MasterService {
+    let tokens = rpc.tokens.clone();
+    let server = MasterServer::new(rpc)
         .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES);
+    Authed::new(server, tokens)
 }
 
 fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use strata_security::token::TokenRecord;
 use thiserror::Error;
 
 use crate::jobs::JobRecord;
@@ -23,6 +24,7 @@ pub mod etcd;
 const MOUNTS: TableDefinition<&str, &str> = TableDefinition::new("mounts");
 const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
 const SCHEDULES: TableDefinition<&str, &str> = TableDefinition::new("schedules");
+const TOKENS: TableDefinition<&str, &str> = TableDefinition::new("tokens");
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -76,6 +78,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn delete_worker(&self, _id: &str) -> Result<(), StoreError> {
         Ok(())
     }
+    /// Tokens created with `strata token create` (hashes, roles, scopes; never a token).
+    fn load_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
+    fn put_token(&self, record: &TokenRecord) -> Result<(), StoreError>;
+    fn delete_token(&self, id: &str) -> Result<(), StoreError>;
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -94,6 +100,7 @@ impl RedbStore {
         txn.open_table(MOUNTS).map_err(db_err)?;
         txn.open_table(JOBS).map_err(db_err)?;
         txn.open_table(SCHEDULES).map_err(db_err)?;
+        txn.open_table(TOKENS).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db: Mutex::new(Some(db)) })
     }
@@ -200,6 +207,18 @@ impl MetaStore for RedbStore {
         })
     }
 
+    fn load_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        self.load_all(TOKENS)
+    }
+
+    fn put_token(&self, record: &TokenRecord) -> Result<(), StoreError> {
+        self.put(TOKENS, &record.id, record)
+    }
+
+    fn delete_token(&self, id: &str) -> Result<(), StoreError> {
+        self.delete(TOKENS, id)
+    }
+
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -267,6 +286,15 @@ impl MetaStore for MemStore {
         self.workers.lock().unwrap().remove(id);
         Ok(())
     }
+    fn load_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn put_token(&self, _: &TokenRecord) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_token(&self, _: &str) -> Result<(), StoreError> {
+        self.write()
+    }
     fn close(&self) {}
 }
 
@@ -328,5 +356,23 @@ mod tests {
         let store = RedbStore::open(&path).unwrap();
         assert_eq!(store.load_jobs().unwrap(), vec![job]);
         assert_eq!(store.load_schedules().unwrap(), vec![sched]);
+    }
+
+    #[test]
+    fn tokens_survive_reopen_and_revoke() {
+        use strata_security::token::{Role, TokenRecord, generate};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.redb");
+        let kept = TokenRecord::new(&generate(), Role::Reader, Some("/a"), "team a", 5).unwrap();
+        let revoked = TokenRecord::new(&generate(), Role::Writer, None, "", 6).unwrap();
+        {
+            let store = RedbStore::open(&path).unwrap();
+            store.put_token(&kept).unwrap();
+            store.put_token(&revoked).unwrap();
+            store.delete_token(&revoked.id).unwrap();
+            store.close();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        assert_eq!(store.load_tokens().unwrap(), vec![kept]);
     }
 }

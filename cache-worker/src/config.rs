@@ -41,6 +41,14 @@ pub struct WorkerConfig {
     pub sidecar: bool,
     /// Unix socket a sidecar serves on (`--socket`); required in sidecar mode, unused otherwise.
     pub socket_path: Option<PathBuf>,
+    /// File holding the token (role `worker`) this worker presents to the master and to other
+    /// workers (`--token-file`; `STRATA_TOKEN` gives it directly). Without one, the master must
+    /// run with authentication off.
+    pub token_file: Option<PathBuf>,
+    /// The token itself, given by the environment or by a process that starts a worker in
+    /// itself (`strata standalone`); wins over `token_file`. Never written to a config file.
+    #[serde(skip)]
+    pub token: Option<String>,
     /// Answer `OpenBlock` on the Unix socket with a passed file descriptor the client maps
     /// (short-circuit reads, see docs/ARCHITECTURE.md); false refuses and clients read through
     /// the socket. Default true.
@@ -115,6 +123,8 @@ impl Default for WorkerConfig {
             nvme_write_budget: 256 << 20,
             sidecar: false,
             socket_path: None,
+            token_file: None,
+            token: None,
             short_circuit: true,
             short_circuit_lease_ms: 30_000,
             short_circuit_shm_bytes: 256 << 20,
@@ -126,6 +136,15 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The token this worker presents: `token`, else the one in `token_file`, else none.
+    pub fn resolve_token(&self) -> Result<Option<String>, strata_security::token::TokenFileError> {
+        match (&self.token, &self.token_file) {
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(file)) => strata_security::token::read_token_file(file).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     pub fn nvme_dir(&self) -> PathBuf {
         self.nvme_dir.clone().unwrap_or_else(|| self.data_dir.join("nvme"))
     }

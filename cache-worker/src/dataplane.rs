@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use strata_common::ErrorKind;
 use strata_common::fdpass::write_all_with_fd;
+use strata_security::token::Access;
 use strata_common::frame::{
     self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
     RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, StatRequest, decode_request_header,
@@ -34,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
+use crate::auth::{PeerAuth, Refused, Session};
 use crate::blocks::{BlockRead, BlockService, Payload, Served};
 use crate::error::ServeError;
 use crate::grants::Grants;
@@ -51,6 +53,8 @@ pub struct DataPlane {
     pub grants: Arc<Grants>,
     /// What the worker last learnt of the cluster, for `View` requests.
     pub view: Arc<LastView>,
+    /// The token check every connection and request passes.
+    pub auth: Arc<PeerAuth>,
 }
 
 /// The wire request as a storage request.
@@ -238,22 +242,53 @@ fn spawn_connection<S: Connection>(
 
 async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::Result<()> {
     let mut header = [0u8; REQUEST_HEADER_LEN];
+    let mut session = Session::default();
+    let mut first = true;
     loop {
         match stream.read_exact(&mut header).await {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        match decode_request_header(&header) {
+        let decoded = decode_request_header(&header);
+        if let Ok((frame::Op::Auth, len)) = decoded {
+            let Some(token) = read_body(&mut stream, len, |b| frame::decode_auth_body(b).map(str::to_string)).await?
+            else {
+                return Ok(());
+            };
+            match plane.auth.authenticate(&token) {
+                Ok(s) => session = s,
+                Err(refused) => return refuse(&mut stream, refused).await,
+            }
+            first = false;
+            continue;
+        }
+        if std::mem::take(&mut first) && decoded.is_ok() {
+            // A peer that did not open with an Auth frame, to a cluster that requires one,
+            // gets nothing but that answer.
+            if let Err(refused) = plane.auth.check(&mut session, Access::Any, None) {
+                return refuse(&mut stream, refused).await;
+            }
+        }
+        match decoded {
             Ok((frame::Op::ReadBlock, len)) => {
                 if let Some(req) = read_body(&mut stream, len, ReadBlockRequest::decode_body).await? {
-                    serve_read(&mut stream, &plane, &req).await?;
+                    match plane.auth.check(&mut session, Access::Read, Some(&req.path)) {
+                        Ok(()) => serve_read(&mut stream, &plane, &req).await?,
+                        Err((kind, message)) => send_error(&mut stream, req.req_id, kind, &message).await?,
+                    }
                 }
             }
-            Ok((frame::Op::WriteBegin, len)) => write::serve_write(&mut stream, &plane.blocks, len).await?,
+            Ok((frame::Op::WriteBegin, len)) => {
+                let allow = |path: &str| plane.auth.check(&mut session, Access::Write, Some(path));
+                write::serve_write(&mut stream, &plane.blocks, len, allow).await?
+            }
             Ok((frame::Op::OpenBlock, len)) => {
                 if let Some(open) = read_body(&mut stream, len, OpenBlock::decode_body).await? {
-                    serve_open(&mut stream, &plane, &open).await?;
+                    match plane.auth.check(&mut session, Access::Read, Some(&open.read.path)) {
+                        Ok(()) => serve_open(&mut stream, &plane, &open).await?,
+                        Err((kind, message)) => send_error(&mut stream, open.read.req_id, kind, &message).await?,
+                    }
                 }
             }
             Ok((frame::Op::Release, len)) => {
@@ -267,7 +302,8 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             }
             Ok((frame::Op::RemoteRead, len)) => {
                 if let Some(rr) = read_body(&mut stream, len, RemoteRead::decode_body).await? {
-                    match plane.grants.remote_read(&rr) {
+                    let allowed = plane.auth.check(&mut session, Access::Read, None);
+                    match allowed.and_then(|()| plane.grants.remote_read(&rr)) {
                         Ok(bytes) => send_data(&mut stream, rr.req_id, Source::Memory, &bytes).await?,
                         Err((kind, message)) => send_error(&mut stream, rr.req_id, kind, &message).await?,
                     }
@@ -275,9 +311,10 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             }
             Ok((frame::Op::View, len)) => {
                 if let Some(req_id) = read_body(&mut stream, len, frame::decode_view_body).await? {
-                    match plane.view.encoded() {
-                        Some(view) => send_data(&mut stream, req_id, Source::Memory, &view).await?,
-                        None => {
+                    match plane.auth.check(&mut session, Access::Any, None).map(|()| plane.view.encoded()) {
+                        Err((kind, message)) => send_error(&mut stream, req_id, kind, &message).await?,
+                        Ok(Some(view)) => send_data(&mut stream, req_id, Source::Memory, &view).await?,
+                        Ok(None) => {
                             let msg = "this worker has not heard from the master since it started";
                             send_error(&mut stream, req_id, ErrorKind::Unavailable, msg).await?
                         }
@@ -286,6 +323,10 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             }
             Ok((frame::Op::Stat, len)) => {
                 if let Some(req) = read_body(&mut stream, len, StatRequest::decode_body).await? {
+                    if let Err((kind, message)) = plane.auth.check(&mut session, Access::Read, Some(&req.path)) {
+                        send_error(&mut stream, req.req_id, kind, &message).await?;
+                        continue;
+                    }
                     match stat(&plane, &req.path).await {
                         Ok(answer) => {
                             send_data(&mut stream, req.req_id, Source::Ufs, &answer.encode()).await?
@@ -300,7 +341,12 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                 }
             }
             // The connection becomes the lifetime of an RDMA queue pair.
-            Ok((frame::Op::RdmaConnect, len)) => return rdma_connect(&mut stream, &plane, len).await,
+            Ok((frame::Op::RdmaConnect, len)) => {
+                if let Err(refused) = plane.auth.check(&mut session, Access::Read, None) {
+                    return refuse(&mut stream, refused).await;
+                }
+                return rdma_connect(&mut stream, &plane, len).await;
+            }
             Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
             Err(e) => return reject(&mut stream, &e.to_string()).await,
         }
@@ -451,11 +497,30 @@ async fn send_data<S: AsyncWrite + Unpin>(
     }
 }
 
-/// Answers a malformed frame and closes the connection. The peer may have sent more bytes we
-/// will never read; closing with them unread makes the kernel send a reset that can destroy our
-/// error frame in flight, so we half-close first and drain briefly.
+/// Answers a malformed frame and closes the connection (see [`close_with`]).
 async fn reject<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, message: &str) -> std::io::Result<()> {
-    send_error(stream, 0, ErrorKind::BadFrame, message).await?;
+    close_with(stream, ErrorKind::BadFrame, message).await
+}
+
+/// Answers a peer that did not prove who it is (or that this worker cannot check yet) and
+/// closes the connection: nothing it sent after is read.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, refused: Refused) -> std::io::Result<()> {
+    let (kind, message) = refused;
+    metrics::counter!(m::AUTH_REFUSED, "kind" => kind.as_str()).increment(1);
+    debug!(%kind, %message, "data-plane connection refused");
+    close_with(stream, kind, &message).await
+}
+
+/// Sends an error frame for request 0 (the answer to whatever the peer sent) and closes. The
+/// peer may have sent more bytes we will never read; closing with them unread makes the kernel
+/// send a reset that can destroy our error frame in flight, so we half-close first and drain
+/// briefly.
+async fn close_with<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    kind: ErrorKind,
+    message: &str,
+) -> std::io::Result<()> {
+    send_error(stream, 0, kind, message).await?;
     stream.shutdown().await?;
     let mut sink = [0u8; 4096];
     let drain = async {

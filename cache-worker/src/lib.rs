@@ -4,7 +4,7 @@
 //! Modules, storage at the bottom and services on top; each imports only those below it:
 //!
 //! ```text
-//! dataplane (framing, sockets) ──▶ grants (fd, rdma, lease) ──┐
+//! dataplane (framing, sockets, auth) ──▶ grants (fd, rdma, lease) ──┐
 //! master_link (gRPC) · loader (warmup lane) · sidecar ────────┼──▶ blocks (storage API)
 //!                                                              │      ├─▶ fetch (single flight, upstream, UFS)
 //!                                                              │      ├─▶ mounts (mount table, MountSource)
@@ -15,6 +15,7 @@
 //! Storage never imports a transport or gRPC: `blocks` takes its own request type
 //! ([`BlockRead`]) and the data plane translates wire frames into it.
 
+pub mod auth;
 pub mod blocks;
 pub mod cache;
 pub mod config;
@@ -70,6 +71,8 @@ pub enum WorkerError {
     Sidecar { reason: String },
     #[error("RDMA: {0}")]
     Rdma(#[from] grants::RdmaError),
+    #[error("worker token: {0}")]
+    Token(#[from] strata_security::token::TokenFileError),
 }
 
 /// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].
@@ -190,9 +193,9 @@ impl Worker {
         };
         let blocks = open_blocks(&config, factory, clock.clone()).await?;
         let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
-        let master = master_link::connect(&config.master_addr).map_err(|e| WorkerError::MasterAddr {
-            addr: config.master_addr.clone(),
-            reason: e.to_string(),
+        let token = config.resolve_token()?;
+        let master = master_link::connect(&config.master_addr, token.as_deref()).map_err(|e| {
+            WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() }
         })?;
         blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
             client: master.clone(),
@@ -211,8 +214,13 @@ impl Worker {
         };
         let cancel = CancellationToken::new();
         let view = Arc::new(view::LastView::default());
-        let plane =
-            dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone(), view: view.clone() };
+        let auth = Arc::new(auth::PeerAuth::unknown());
+        let plane = dataplane::DataPlane {
+            blocks: blocks.clone(),
+            grants: grants.clone(),
+            view: view.clone(),
+            auth: auth.clone(),
+        };
         let dp = tokio::spawn(dataplane::serve(listener, plane, cancel.clone()));
         let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
 
@@ -226,6 +234,7 @@ impl Worker {
             identity,
             blocks.clone(),
             view,
+            auth,
             clock,
             cancel.clone(),
         ));

@@ -14,11 +14,13 @@ use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::leader::MasterConn;
 use strata_proto::{
     BlockReport, Empty, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage,
-    WorkerCounters, WorkerMountsRequest,
+    WorkerCounters, WorkerMountsRequest, WorkerTokensRequest,
 };
+use strata_security::token::{Identity as TokenIdentity, Role, TokenTable};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::auth::{PeerAuth, Table};
 use crate::blocks::BlockService;
 use crate::metrics_defs as m;
 use crate::mounts::{MountSnapshot, MountSource, MountSpec};
@@ -39,8 +41,9 @@ pub struct Identity {
 
 /// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
 /// (`master_addr` a comma-separated list): calls follow the leader through a failover.
-pub fn connect(master_addr: &str) -> Result<MasterConn, tonic::transport::Error> {
-    strata_proto::leader::master_conn(master_addr, |addr| {
+/// Every call presents `token` (the worker's).
+pub fn connect(master_addr: &str, token: Option<&str>) -> Result<MasterConn, tonic::transport::Error> {
+    strata_proto::leader::master_conn(master_addr, token, |addr| {
         Ok(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10)))
@@ -87,6 +90,28 @@ pub async fn refresh_view(client: &MasterConn, view: &LastView, clock: &SharedCl
     match fetched.await {
         Ok((membership, mounts)) => view.set(membership, mounts, clock.wall_ms()),
         Err(status) => warn!(err = %status.message(), "cannot fetch the cluster view; keeping the last one"),
+    }
+}
+
+/// Fetches the tokens the cluster accepts (hashes, roles, scopes) for the data plane's checks.
+/// On failure the worker keeps the table it has (a master outage does not lock clients out).
+pub async fn refresh_tokens(client: &MasterConn, worker_id: &str, auth: &PeerAuth) {
+    let req = WorkerTokensRequest { worker_id: worker_id.to_string() };
+    match client.clone().worker_tokens(req).await {
+        Ok(answer) => {
+            let answer = answer.into_inner();
+            let entries = answer.tokens.into_iter().filter_map(|t| {
+                let role = Role::parse(&t.role).ok()?;
+                let prefix = Some(t.prefix).filter(|p| !p.is_empty());
+                Some((t.hash, TokenIdentity { id: t.id, role, prefix }))
+            });
+            let tokens = TokenTable::new(entries);
+            info!(epoch = answer.epoch, tokens = tokens.len(), enabled = answer.auth_enabled, "learnt the cluster's tokens");
+            auth.set(Table { epoch: answer.epoch, enabled: answer.auth_enabled, tokens });
+        }
+        Err(status) => {
+            warn!(err = %status.message(), "cannot fetch the cluster's tokens; keeping the last ones")
+        }
     }
 }
 
@@ -140,6 +165,7 @@ pub async fn run(
     id: Identity,
     blocks: Arc<BlockService>,
     view: Arc<LastView>,
+    auth: Arc<PeerAuth>,
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
@@ -153,6 +179,11 @@ pub async fn run(
     let mut backlog: Vec<BlockReport> = Vec::new();
     while !cancel.is_cancelled() {
         if !registered {
+            // The tokens before the registration: clients route to this worker once the master
+            // lists it, and it must be able to check them by then.
+            if auth.epoch().is_none() {
+                refresh_tokens(&client, &id.worker_id, &auth).await;
+            }
             let req = RegisterWorkerRequest {
                 worker_id: id.worker_id.clone(),
                 data_addr: id.data_addr.clone(),
@@ -169,6 +200,9 @@ pub async fn run(
                     info!(worker = %id.worker_id, epoch = resp.membership_epoch, "registered with master");
                     if resp.mounts_epoch != blocks.mounts().epoch() {
                         blocks.mounts().refresh().await;
+                    }
+                    if auth.epoch() != Some(resp.tokens_epoch) {
+                        refresh_tokens(&client, &id.worker_id, &auth).await;
                     }
                     refresh_view(&client, &view, &clock).await;
                 }
@@ -223,6 +257,9 @@ pub async fn run(
                 }
                 if resp.mounts_epoch != blocks.mounts().epoch() {
                     blocks.mounts().refresh().await;
+                }
+                if auth.epoch() != Some(resp.tokens_epoch) {
+                    refresh_tokens(&client, &id.worker_id, &auth).await;
                 }
                 view.touch(clock.wall_ms());
                 if view_is_behind(&view, resp.membership_epoch, resp.mounts_epoch) {

@@ -16,6 +16,9 @@ pub const BYTES_SERVED: &str = "strata_worker_bytes_served_total";
 pub const CORRUPT_BLOCKS: &str = "strata_worker_corrupt_blocks_total";
 /// Counter, label `kind`: requests answered with an error frame.
 pub const REQUEST_ERRORS: &str = "strata_worker_request_errors_total";
+/// Counter, label `kind` (`unauthenticated`, `permission_denied`, `unavailable`: tokens not
+/// learnt yet): data-plane connections closed by the token check before serving anything.
+pub const AUTH_REFUSED: &str = "strata_worker_auth_refused_total";
 /// Histogram, seconds: time to serve one block read, label `source`.
 pub const READ_SECONDS: &str = "strata_worker_read_seconds";
 /// Gauge, bytes, label `tier`: bytes held.

@@ -77,7 +77,8 @@ pub async fn start_with_clock(
     let blocks = crate::open_blocks(&config, factory, clock.clone()).await?;
     let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
     blocks.set_upstream(upstream);
-    let master = master_link::connect(&config.master_addr)
+    let token = config.resolve_token()?;
+    let master = master_link::connect(&config.master_addr, token.as_deref())
         .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
     blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
         client: master.clone(),
@@ -86,6 +87,8 @@ pub async fn start_with_clock(
     blocks.mounts().refresh().await;
     let view = Arc::new(crate::view::LastView::default());
     master_link::refresh_view(&master, &view, &clock).await;
+    let auth = Arc::new(crate::auth::PeerAuth::unknown());
+    master_link::refresh_tokens(&master, &worker_id, &auth).await;
 
     let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
     // A socket file left by an earlier container of this pod would make bind fail.
@@ -106,17 +109,25 @@ pub async fn start_with_clock(
     }
 
     let cancel = CancellationToken::new();
-    let plane = dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone(), view: view.clone() };
+    let plane = dataplane::DataPlane {
+        blocks: blocks.clone(),
+        grants: grants.clone(),
+        view: view.clone(),
+        auth: auth.clone(),
+    };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;
     let refresher = {
         let blocks = blocks.clone();
+        let worker_id = worker_id.clone();
         spawn_loop(MOUNT_REFRESH, cancel.clone(), move || {
             let (blocks, master, view, clock) = (blocks.clone(), master.clone(), view.clone(), clock.clone());
+            let (auth, worker_id) = (auth.clone(), worker_id.clone());
             async move {
                 blocks.mounts().refresh().await;
-                // A sidecar never heartbeats: its view is refreshed with its mounts.
+                // A sidecar never heartbeats: its view and tokens are refreshed with its mounts.
                 master_link::refresh_view(&master, &view, &clock).await;
+                master_link::refresh_tokens(&master, &worker_id, &auth).await;
             }
         })
     };

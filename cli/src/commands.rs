@@ -12,21 +12,34 @@ use strata_ufs::OpendalFactory;
 use strata_worker::{Worker, WorkerConfig};
 use tokio::io::AsyncReadExt;
 
-use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, WorkerArgs};
+use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, TokenCommand, WorkerArgs};
+
+/// How the CLI reaches the cluster: the master(s) and the token it presents.
+pub struct Target {
+    pub master: String,
+    /// `--token-file`, read; `None` leaves the SDK's default (environment, standalone file).
+    pub token: Option<String>,
+}
 
 pub async fn run(cli: Cli) -> Result<()> {
+    let token = match &cli.token_file {
+        Some(file) => Some(strata_security::token::read_token_file(file)?),
+        None => None,
+    };
+    let t = Target { master: cli.master.clone(), token };
     match cli.command {
-        Command::Standalone(args) => standalone(&cli.master, args).await,
+        Command::Standalone(args) => standalone(&t.master, args).await,
         Command::Master(args) => master(args).await,
-        Command::Worker(args) => worker(&cli.master, args).await,
-        Command::Mount(cmd) => mount(&cli.master, cmd).await,
-        Command::Ls { path, json } => ls(&cli.master, &path, json).await,
-        Command::Stat { path, sync, json } => stat(&cli.master, &path, sync, json).await,
-        Command::Cat { path } => cat(&cli.master, &path).await,
-        Command::Cp { path, dest } => cp(&cli.master, &path, &dest).await,
-        Command::Status { json } => status(&cli.master, json).await,
-        Command::Warmup(args) => crate::warmup::warmup(&connect(&cli.master).await?, args).await,
-        Command::Job(cmd) => crate::warmup::job(&connect(&cli.master).await?, cmd).await,
+        Command::Worker(args) => worker(&t, args).await,
+        Command::Mount(cmd) => mount(&t, cmd).await,
+        Command::Ls { path, json } => ls(&t, &path, json).await,
+        Command::Stat { path, sync, json } => stat(&t, &path, sync, json).await,
+        Command::Cat { path } => cat(&t, &path).await,
+        Command::Cp { path, dest } => cp(&t, &path, &dest).await,
+        Command::Status { json } => status(&t, json).await,
+        Command::Warmup(args) => crate::warmup::warmup(&connect(&t).await?, args).await,
+        Command::Job(cmd) => crate::warmup::job(&connect(&t).await?, cmd).await,
+        Command::Token(cmd) => token_command(&t, cmd).await,
     }
 }
 
@@ -45,8 +58,17 @@ fn size(flag: &str, value: &str) -> Result<u64> {
     parse_size(value).with_context(|| format!("--{flag} {value:?}: expected a size such as 512MiB or 10GiB"))
 }
 
-async fn connect(master: &str) -> Result<Client> {
-    Client::connect(ClientConfig::new(master)).await.map_err(|e| anyhow::anyhow!(e)).with_context(|| {
+async fn connect(target: &Target) -> Result<Client> {
+    let mut config = ClientConfig::new(&target.master);
+    if let Some(token) = &target.token {
+        config.token = Some(strata_client::Token(token.clone()));
+    }
+    connect_with(config).await
+}
+
+async fn connect_with(config: ClientConfig) -> Result<Client> {
+    let master = config.master_addr.clone();
+    Client::connect(config).await.map_err(|e| anyhow::anyhow!(e)).with_context(|| {
         format!("is a master running at {master}? (start one with `strata standalone`, or set --master / STRATA_MASTER)")
     })
 }
@@ -74,12 +96,16 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize()?;
     let factory = Arc::new(OpendalFactory);
+    let admin_token_file = dir.join(strata_security::token::ADMIN_TOKEN_FILE);
     let master_cfg = MasterConfig {
         rpc_addr,
         http_addr: (rpc_addr.ip(), 0).into(),
         data_dir: dir.join("master"),
+        auth: !args.no_auth,
+        admin_token_file: Some(admin_token_file.clone()),
         ..MasterConfig::default()
     };
+    let worker_token_file = master_cfg.token_files().worker_file;
     let master = Master::start(master_cfg, factory.clone())
         .await
         .with_context(|| format!("starting the master on {rpc_addr} (is another strata already running?)"))?;
@@ -90,11 +116,17 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         data_dir: dir.join("worker"),
         memory_capacity: size("memory", &args.memory)?,
         nvme_capacity: size("nvme", &args.nvme)?,
+        token_file: Some(worker_token_file).filter(|_| !args.no_auth),
         ..WorkerConfig::default()
     };
     let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
 
-    let client = connect(&master.rpc_addr.to_string()).await?;
+    let mut client_cfg = ClientConfig::new(master.rpc_addr.to_string());
+    client_cfg.token = match args.no_auth {
+        true => None,
+        false => Some(strata_client::Token(strata_security::token::read_token_file(&admin_token_file)?)),
+    };
+    let client = connect_with(client_cfg).await?;
     let mounts = if args.mounts.is_empty() {
         vec![format!("/local=file://{}", std::env::current_dir()?.display())]
     } else {
@@ -126,6 +158,11 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         worker.worker_id, worker.data_addr, worker.http_addr
     );
     println!("  state    {}", dir.display());
+    if args.no_auth {
+        println!("  auth     off (--no-auth): anyone who reaches these ports can use them");
+    } else {
+        println!("  auth     admin token in {} (the CLI finds it there when run from this directory)", admin_token_file.display());
+    }
     for m in &mounts {
         println!("  mount    {} -> {}", m.path, m.uri);
     }
@@ -155,6 +192,15 @@ async fn master(args: MasterArgs) -> Result<()> {
     if let Some(a) = args.advertise_addr {
         cfg.advertise_addr = Some(a);
     }
+    if args.no_auth {
+        cfg.auth = false;
+    }
+    if let Some(f) = args.admin_token_file {
+        cfg.admin_token_file = Some(f);
+    }
+    if let Some(f) = args.worker_token_file {
+        cfg.worker_token_file = Some(f);
+    }
     let handle = Master::start(cfg, Arc::new(OpendalFactory)).await?;
     println!("master listening on {} (http {})", handle.rpc_addr, handle.http_addr);
     wait_for_shutdown().await?;
@@ -162,11 +208,22 @@ async fn master(args: MasterArgs) -> Result<()> {
     Ok(())
 }
 
-async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
+async fn worker(target: &Target, args: WorkerArgs) -> Result<()> {
     let mut cfg: WorkerConfig = load_toml(args.config.as_deref())?;
     if args.config.is_none() || std::env::var_os("STRATA_MASTER").is_some() {
-        cfg.master_addr = master_addr.to_string();
+        cfg.master_addr = target.master.clone();
     }
+    // --token-file, else STRATA_TOKEN / STRATA_TOKEN_FILE, else the config's token_file.
+    cfg.token = match &target.token {
+        Some(t) => Some(t.clone()),
+        None => match std::env::var(strata_security::token::TOKEN_ENV).ok().filter(|t| !t.trim().is_empty()) {
+            Some(t) => Some(t.trim().to_string()),
+            None => match std::env::var_os(strata_security::token::TOKEN_FILE_ENV).filter(|v| !v.is_empty()) {
+                Some(file) => Some(strata_security::token::read_token_file(Path::new(&file))?),
+                None => None,
+            },
+        },
+    };
     if let Some(a) = args.data_addr {
         cfg.data_addr = a;
     }
@@ -194,10 +251,10 @@ async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
     }
     if cfg.sidecar {
         let timeout = std::time::Duration::from_millis(cfg.ufs_timeout_ms);
-        let upstream =
-            strata_client::ClusterUpstream::connect(&cfg.master_addr, timeout).await.with_context(|| {
-                format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr)
-            })?;
+        let token = cfg.resolve_token()?;
+        let upstream = strata_client::ClusterUpstream::connect(&cfg.master_addr, token, timeout)
+            .await
+            .with_context(|| format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr))?;
         let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory), Arc::new(upstream)).await?;
         println!("sidecar serving data on unix:{} (http {})", handle.socket_path.display(), handle.http_addr);
         wait_for_shutdown().await?;
@@ -214,8 +271,8 @@ async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
     Ok(())
 }
 
-async fn mount(master: &str, cmd: MountCommand) -> Result<()> {
-    let client = connect(master).await?;
+async fn mount(target: &Target, cmd: MountCommand) -> Result<()> {
+    let client = connect(target).await?;
     match cmd {
         MountCommand::Add { path, uri, options } => {
             let mut opts = HashMap::new();
@@ -264,8 +321,8 @@ fn info_json(f: &FileInfo) -> serde_json::Value {
 /// Prints a listing page by page as the master sends it: a directory of millions of entries
 /// never has to fit in memory (or in one message). `--json` writes the same array
 /// `serde_json` would, one element at a time.
-async fn ls(master: &str, path: &str, as_json: bool) -> Result<()> {
-    let client = connect(master).await?;
+async fn ls(target: &Target, path: &str, as_json: bool) -> Result<()> {
+    let client = connect(target).await?;
     let mut token = String::new();
     let mut first = true;
     loop {
@@ -296,8 +353,8 @@ async fn ls(master: &str, path: &str, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-async fn stat(master: &str, path: &str, sync: bool, as_json: bool) -> Result<()> {
-    let client = connect(master).await?;
+async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<()> {
+    let client = connect(target).await?;
     let f = client.stat_with(path, sync).await?;
     if as_json {
         outln!("{}", serde_json::to_string_pretty(&info_json(&f))?)?;
@@ -332,8 +389,8 @@ async fn stream_to(
     }
 }
 
-async fn cat(master: &str, path: &str) -> Result<()> {
-    let client = connect(master).await?;
+async fn cat(target: &Target, path: &str) -> Result<()> {
+    let client = connect(target).await?;
     let mut reader = client.open(path).await?;
     let mut stdout = std::io::stdout().lock();
     stream_to(&mut reader, &mut stdout).await.with_context(|| format!("reading {path}"))?;
@@ -341,8 +398,8 @@ async fn cat(master: &str, path: &str) -> Result<()> {
     Ok(())
 }
 
-async fn cp(master: &str, path: &str, dest: &Path) -> Result<()> {
-    let client = connect(master).await?;
+async fn cp(target: &Target, path: &str, dest: &Path) -> Result<()> {
+    let client = connect(target).await?;
     let mut reader = client.open(path).await?;
     let dest = if dest.is_dir() {
         dest.join(path.rsplit('/').next().filter(|n| !n.is_empty()).context("source has no file name")?)
@@ -366,8 +423,8 @@ async fn cp(master: &str, path: &str, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn status(master: &str, as_json: bool) -> Result<()> {
-    let client = connect(master).await?;
+async fn status(target: &Target, as_json: bool) -> Result<()> {
+    let client = connect(target).await?;
     let s = client.status().await?;
     let totals = s.totals.unwrap_or_default();
     let counters = |c: &strata_proto::WorkerCounters| {
@@ -436,6 +493,44 @@ async fn status(master: &str, as_json: bool) -> Result<()> {
                 t.capacity_bytes,
                 t.blocks
             )?;
+        }
+    }
+    Ok(())
+}
+
+async fn token_command(target: &Target, cmd: TokenCommand) -> Result<()> {
+    let client = connect(target).await?;
+    match cmd {
+        TokenCommand::Create { role, prefix, name } => {
+            let (info, token) = client.create_token(&role, prefix.as_deref().unwrap_or(""), &name).await?;
+            let scope = if info.prefix.is_empty() { "all paths".to_string() } else { info.prefix.clone() };
+            outln!("created token {}: role {}, scope {}; shown once, store it now:", info.id, info.role, scope)?;
+            // Alone on the last line: scripts take `| tail -n1`.
+            outln!("{token}")?;
+        }
+        TokenCommand::Ls { json } => {
+            let tokens = client.list_tokens().await?;
+            if json {
+                let v: Vec<_> = tokens
+                    .iter()
+                    .map(|t| json!({"id": t.id, "role": t.role, "prefix": t.prefix, "name": t.name, "created_ms": t.created_ms, "file": t.file}))
+                    .collect();
+                outln!("{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                outln!("ID\tROLE\tSCOPE\tNAME\tCREATED")?;
+                for t in tokens {
+                    let scope = if t.prefix.is_empty() { "/" } else { t.prefix.as_str() };
+                    let created = chrono::DateTime::from_timestamp_millis(t.created_ms)
+                        .map(|d| d.format("%Y-%m-%d %H:%M:%SZ").to_string())
+                        .unwrap_or_default();
+                    let name = if t.file.is_empty() { t.name } else { format!("{} (file {})", t.name, t.file) };
+                    outln!("{}\t{}\t{}\t{}\t{}", t.id, t.role, scope, name, created)?;
+                }
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = client.revoke_token(&id).await?;
+            outln!("revoked token {} ({}{})", t.id, t.role, if t.name.is_empty() { String::new() } else { format!(", {}", t.name) })?;
         }
     }
     Ok(())

@@ -35,6 +35,11 @@ struct Cli {
     /// comma-separated list (host:port,host:port,...): calls follow the leader.
     #[arg(long, global = true, env = "STRATA_MASTER", default_value = strata_common::DEFAULT_MASTER_ADDR)]
     master: String,
+    /// File holding the token to present (see docs/SECURITY.md). Default: STRATA_TOKEN, else
+    /// the file STRATA_TOKEN_FILE names, else a standalone's admin token in
+    /// <STRATA_DIR or .strata>/admin.token. `strata worker` presents it to the master and peers.
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -86,6 +91,35 @@ enum Command {
     /// Load jobs and their schedules: ls, status, cancel, history, schedule, unschedule.
     #[command(subcommand)]
     Job(warmup::JobCommand),
+    /// Tokens and their roles (admin): create, ls, revoke. See docs/SECURITY.md.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token; prints a line describing it, then the token alone on the last line
+    /// (shown once: the master keeps only its hash).
+    Create {
+        /// admin (mounts, jobs, schedules, tokens), writer (read, write/delete on write-enabled
+        /// mounts), reader, or worker (for workers and sidecars: receives mount credentials).
+        #[arg(long)]
+        role: String,
+        /// Limit a reader or writer token to this path and everything below it.
+        #[arg(long, value_name = "/PATH")]
+        prefix: Option<String>,
+        /// A label shown by `token ls` (who or what uses the token).
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// List tokens: id, role, scope, name, creation time (never the tokens).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id (from `token ls`): the master refuses it at once, workers
+    /// within a heartbeat.
+    Revoke { id: String },
 }
 
 #[derive(Args)]
@@ -105,6 +139,10 @@ struct StandaloneArgs {
     /// NVMe tier size, e.g. 10GiB.
     #[arg(long, default_value = "10GiB")]
     nvme: String,
+    /// Accept every caller without a token (a machine nobody else can reach). By default the
+    /// standalone writes an admin token to <dir>/admin.token (mode 0600), which the CLI finds.
+    #[arg(long)]
+    no_auth: bool,
 }
 
 #[derive(Args)]
@@ -129,6 +167,18 @@ struct MasterArgs {
     /// name the leader by it.
     #[arg(long, env = "STRATA_MASTER_ADVERTISE_ADDR")]
     advertise_addr: Option<String>,
+    /// Accept every caller without a token (config `auth = false`). Anyone who reaches the
+    /// port can then read mount credentials' effects, change mounts and delete files.
+    #[arg(long)]
+    no_auth: bool,
+    /// File holding the admin token: read when it exists (e.g. a Kubernetes Secret), else
+    /// created with a new token (mode 0600). Default <data dir>/admin.token.
+    #[arg(long, env = "STRATA_MASTER_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// File holding the token workers present, read or created the same way. Default
+    /// <data dir>/worker.token.
+    #[arg(long, env = "STRATA_MASTER_WORKER_TOKEN_FILE", value_name = "FILE")]
+    worker_token_file: Option<PathBuf>,
 }
 
 #[derive(Args)]

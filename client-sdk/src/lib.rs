@@ -28,6 +28,7 @@ pub mod outage;
 mod rdma;
 mod reader;
 pub mod shortcircuit;
+mod tokens;
 pub mod transport;
 mod upstream;
 
@@ -58,10 +59,10 @@ pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
-pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo};
+pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
 #[cfg(any(test, feature = "testing"))]
 pub use transport::FaultyTransport;
-pub use transport::{TcpTransport, Transport, TransportError, UnixTransport};
+pub use transport::{Credentials, TcpTransport, Transport, TransportError, UnixTransport};
 pub use upstream::ClusterUpstream;
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
@@ -122,6 +123,21 @@ pub struct ClientConfig {
     /// Decides metadata TTLs, the membership refresh and how long short-circuit mappings are
     /// kept. Default the machine's clock; tests inject a `ManualClock` instead of sleeping.
     pub clock: SharedClock,
+    /// The token presented to the master (every call) and to workers (every new connection).
+    /// Default: `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else a standalone's
+    /// `<STRATA_DIR or .strata>/admin.token` when it exists; `None` for a cluster with
+    /// authentication off. Never printed (`Debug` shows whether one is set).
+    pub token: Option<Token>,
+}
+
+/// A token, kept out of `Debug` output and logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
+    }
 }
 
 /// The defaults, for the master at [`strata_common::DEFAULT_MASTER_ADDR`] (this host).
@@ -151,8 +167,15 @@ impl ClientConfig {
                 .unwrap_or_default(),
             listing_cache_entries: 100_000,
             clock: strata_common::clock::system(),
+            token: token_from_env(),
         }
     }
+}
+
+/// The token the environment names (see [`ClientConfig::token`]). A `STRATA_TOKEN_FILE` that
+/// cannot be read is reported when connecting ([`Client::connect`]).
+fn token_from_env() -> Option<Token> {
+    strata_security::token::client_token_from_env().ok().flatten().map(Token)
 }
 
 /// What `stat` and `list` return.
@@ -225,6 +248,8 @@ struct Inner {
     failovers: std::sync::atomic::AtomicU64,
     outage: Outage,
     listings: Listings,
+    /// What new data-plane connections present (the config's token).
+    credentials: transport::Credentials,
 }
 
 /// A cheap-to-clone handle; clones share connections and caches.
@@ -237,7 +262,18 @@ impl Client {
     /// Connects to the master (failing fast if it is unreachable) with the TCP transport, or
     /// RDMA grants as `config.rdma` says.
     pub async fn connect(config: ClientConfig) -> Result<Self> {
-        let transport = rdma::transport_for(config.rdma, config.connect_timeout, config.request_timeout);
+        if config.token.is_none() {
+            // Say why a token file named in the environment was not used, rather than let the
+            // cluster answer "no token".
+            strata_security::token::client_token_from_env()
+                .map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        }
+        let transport = rdma::transport_for(
+            config.rdma,
+            config.connect_timeout,
+            config.request_timeout,
+            &credentials(&config),
+        );
         Self::connect_with_transport(config, transport).await
     }
 
@@ -307,6 +343,7 @@ impl Client {
                 req_id,
                 strata_proto::MAX_MESSAGE_BYTES as u64,
                 self.timeouts(),
+                &self.inner.credentials,
             )
             .await;
             let view = match answer.map(|b| strata_proto::WorkerView::from_bytes(&b)) {
@@ -373,7 +410,9 @@ impl Client {
         let req_id = 1;
         let frame = StatRequest { req_id, path: p.to_string() }.encode();
         for (via, addr) in self.worker_candidates(Some(p)) {
-            match transport::ask(via, &addr, &frame, req_id, 1 << 20, self.timeouts()).await {
+            match transport::ask(via, &addr, &frame, req_id, 1 << 20, self.timeouts(), &self.inner.credentials)
+                .await
+            {
                 Ok(bytes) => match FileStat::decode(&bytes) {
                     Ok(stat) => return Some(Ok(FileInfo::from(stat))),
                     Err(e) => debug!(worker = %addr, err = %e, "a worker's stat did not decode"),
@@ -439,7 +478,12 @@ impl Client {
     pub fn with_new_connections(&self) -> Result<Self> {
         let config = self.inner.config.clone();
         let channel = master_channel(&config)?;
-        let transport = rdma::transport_for(config.rdma, config.connect_timeout, config.request_timeout);
+        let transport = rdma::transport_for(
+            config.rdma,
+            config.connect_timeout,
+            config.request_timeout,
+            &credentials(&config),
+        );
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone();
         let stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
         Ok(Self::assemble(config, transport, channel, view, stats))
@@ -452,9 +496,13 @@ impl Client {
         view: View,
         stats: HashMap<String, (Instant, FileInfo)>,
     ) -> Self {
+        let credentials = credentials(&config);
         let sidecar = config.sidecar_socket.as_ref().map(|p| {
-            let t: Arc<dyn Transport> =
-                Arc::new(UnixTransport::new(config.connect_timeout, config.request_timeout));
+            let t: Arc<dyn Transport> = Arc::new(UnixTransport::with_credentials(
+                config.connect_timeout,
+                config.request_timeout,
+                credentials.clone(),
+            ));
             (p.display().to_string(), t)
         });
         let short_circuit = config.sidecar_socket.as_ref().filter(|_| config.short_circuit).map(|p| {
@@ -464,6 +512,7 @@ impl Client {
                 config.request_timeout,
                 config.short_circuit_cache_bytes,
                 config.clock.clone(),
+                credentials.clone(),
             )
         });
         Self {
@@ -483,6 +532,7 @@ impl Client {
                     &config.master_addr,
                 ),
                 listings: Listings::new(config.listing_cache_entries),
+                credentials,
                 config,
             }),
         }
@@ -949,8 +999,14 @@ fn master_channel(config: &ClientConfig) -> Result<LeaderChannel> {
         master_endpoint(config, addr)?;
     }
     let connect_timeout = config.connect_timeout;
-    LeaderChannel::new(masters, move |addr| endpoint_for(addr, connect_timeout), DEFAULT_FOLLOW_FOR)
+    let token = config.token.as_ref().map(|t| t.0.as_str());
+    LeaderChannel::new(masters, token, move |addr| endpoint_for(addr, connect_timeout), DEFAULT_FOLLOW_FOR)
         .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))
+}
+
+/// What a client's data-plane connections present: its token, if it has one.
+fn credentials(config: &ClientConfig) -> transport::Credentials {
+    transport::Credentials::token(config.token.as_ref().map(|t| t.0.as_str()))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

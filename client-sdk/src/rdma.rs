@@ -30,7 +30,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use crate::transport::{Sink, TcpPool, TcpTransport, Transport, TransportError, read_response, reusable};
+use crate::transport::{
+    Credentials, Sink, TcpPool, TcpTransport, Transport, TransportError, read_response, reusable,
+};
 #[cfg(feature = "rdma")]
 pub use verbs::VerbsReader;
 
@@ -68,8 +70,18 @@ pub struct EmulatedReader {
 }
 
 impl EmulatedReader {
+    /// Without a token (a cluster with authentication off).
     pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
-        Self { pool: TcpPool::new(connect_timeout), request_timeout, next_req_id: AtomicU64::new(1) }
+        Self::with_credentials(connect_timeout, request_timeout, Credentials::none())
+    }
+
+    /// Presenting `credentials` on every new connection.
+    pub fn with_credentials(connect_timeout: Duration, request_timeout: Duration, credentials: Credentials) -> Self {
+        Self {
+            pool: TcpPool::new(connect_timeout, credentials),
+            request_timeout,
+            next_req_id: AtomicU64::new(1),
+        }
     }
 }
 
@@ -120,11 +132,23 @@ pub struct RdmaTransport<R: RemoteReader> {
 }
 
 impl<R: RemoteReader> RdmaTransport<R> {
+    /// Without a token (a cluster with authentication off).
     pub fn new(reader: R, connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Self::with_credentials(reader, connect_timeout, request_timeout, Credentials::none())
+    }
+
+    /// Presenting `credentials` on every new control and fallback connection (the reader
+    /// presents its own).
+    pub fn with_credentials(
+        reader: R,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        credentials: Credentials,
+    ) -> Self {
         Self {
             reader,
-            fallback: TcpTransport::new(connect_timeout, request_timeout),
-            control: TcpPool::new(connect_timeout),
+            fallback: TcpTransport::with_credentials(connect_timeout, request_timeout, credentials.clone()),
+            control: TcpPool::new(connect_timeout, credentials),
             request_timeout,
             next_req_id: AtomicU64::new(1),
             remote_reads: AtomicU64::new(0),
@@ -242,18 +266,27 @@ pub(crate) fn transport_for(
     mode: RdmaMode,
     connect_timeout: Duration,
     request_timeout: Duration,
+    credentials: &Credentials,
 ) -> Arc<dyn Transport> {
-    let tcp = || -> Arc<dyn Transport> { Arc::new(TcpTransport::new(connect_timeout, request_timeout)) };
+    let tcp = || -> Arc<dyn Transport> {
+        Arc::new(TcpTransport::with_credentials(connect_timeout, request_timeout, credentials.clone()))
+    };
     match mode {
         RdmaMode::Off => tcp(),
-        RdmaMode::Emulated => Arc::new(RdmaTransport::new(
-            EmulatedReader::new(connect_timeout, request_timeout),
+        RdmaMode::Emulated => Arc::new(RdmaTransport::with_credentials(
+            EmulatedReader::with_credentials(connect_timeout, request_timeout, credentials.clone()),
             connect_timeout,
             request_timeout,
+            credentials.clone(),
         )),
         #[cfg(feature = "rdma")]
-        RdmaMode::Verbs => match VerbsReader::open(connect_timeout, request_timeout) {
-            Ok(reader) => Arc::new(RdmaTransport::new(reader, connect_timeout, request_timeout)),
+        RdmaMode::Verbs => match VerbsReader::open(connect_timeout, request_timeout, credentials.clone()) {
+            Ok(reader) => Arc::new(RdmaTransport::with_credentials(
+                reader,
+                connect_timeout,
+                request_timeout,
+                credentials.clone(),
+            )),
             Err(e) => {
                 warn!(err = %e, "no RDMA device; reading over TCP");
                 tcp()

@@ -33,7 +33,7 @@ use strata_common::{ErrorKind, SharedClock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::transport::TransportError;
+use crate::transport::{Credentials, TransportError};
 
 /// Counter: block reads served by mapping a descriptor the sidecar passed.
 pub const METRIC_SHORT_CIRCUIT_READS: &str = "strata_client_short_circuit_reads_total";
@@ -199,6 +199,8 @@ pub(crate) struct ShortCircuit {
     next_req_id: AtomicU64,
     backoff_until: Mutex<Option<Instant>>,
     clock: SharedClock,
+    /// Presented on every new connection: the sidecar grants nothing to an unauthenticated peer.
+    credentials: Credentials,
 }
 
 impl ShortCircuit {
@@ -208,6 +210,7 @@ impl ShortCircuit {
         request_timeout: Duration,
         cache_bytes: u64,
         clock: SharedClock,
+        credentials: Credentials,
     ) -> Self {
         Self {
             socket,
@@ -222,6 +225,7 @@ impl ShortCircuit {
             next_req_id: AtomicU64::new(1),
             backoff_until: Mutex::new(None),
             clock,
+            credentials,
         }
     }
 
@@ -305,10 +309,7 @@ impl ShortCircuit {
         let pooled = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut stream = match pooled {
             Some(s) => s,
-            None => tokio::time::timeout(self.connect_timeout, UnixStream::connect(addr))
-                .await
-                .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
-                .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?,
+            None => crate::transport::connect_unix(addr, self.connect_timeout, &self.credentials).await?,
         };
         let result = tokio::time::timeout(self.request_timeout, self.exchange(&mut stream, &req))
             .await

@@ -4,8 +4,8 @@
 //! transport and fails on demand, for tests.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -67,6 +67,46 @@ pub trait Transport: Send + Sync + 'static {
     }
 }
 
+/// Who a new data-plane connection says it is: the `Auth` frame sent before anything else, when
+/// the client has a token. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    auth_frame: Option<Arc<[u8]>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.write_str(if self.auth_frame.is_some() { "Credentials(token)" } else { "Credentials(none)" })
+    }
+}
+
+impl Credentials {
+    /// No token: for a cluster with authentication off.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Presenting `token` (`None`: [`none`](Self::none)).
+    pub fn token(token: Option<&str>) -> Self {
+        Self { auth_frame: token.map(|t| Arc::from(strata_common::frame::auth_request(t))) }
+    }
+
+    /// Sends the `Auth` frame on a new connection. Not answered when accepted: a refusal comes
+    /// back as the answer to the first request (an error frame for request 0), so a connection
+    /// costs no extra round trip.
+    pub(crate) async fn present<S: AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        addr: &str,
+    ) -> Result<(), TransportError> {
+        if let Some(frame) = &self.auth_frame {
+            stream.write_all(frame).await.map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
+        }
+        Ok(())
+    }
+}
+
 /// The request id of a worker's answer to a frame it could not parse.
 const REJECTED_REQ_ID: u64 = 0;
 
@@ -104,7 +144,7 @@ impl Sink<'_> {
 
 /// Framed TCP with a small pool of idle connections per worker.
 pub struct TcpTransport {
-    pool: TcpPool,
+    pub(crate) pool: TcpPool,
     request_timeout: Duration,
     next_req_id: AtomicU64,
 }
@@ -114,11 +154,12 @@ pub(crate) struct TcpPool {
     idle: Mutex<HashMap<String, Vec<TcpStream>>>,
     connect_timeout: Duration,
     max_idle_per_worker: usize,
+    pub(crate) credentials: Credentials,
 }
 
 impl TcpPool {
-    pub(crate) fn new(connect_timeout: Duration) -> Self {
-        Self { idle: Mutex::new(HashMap::new()), connect_timeout, max_idle_per_worker: 64 }
+    pub(crate) fn new(connect_timeout: Duration, credentials: Credentials) -> Self {
+        Self { idle: Mutex::new(HashMap::new()), connect_timeout, max_idle_per_worker: 64, credentials }
     }
 
     /// An idle connection to `addr`, or a new one.
@@ -126,7 +167,7 @@ impl TcpPool {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop);
         match pooled {
             Some(stream) => Ok(stream),
-            None => connect_tcp(addr, self.connect_timeout).await,
+            None => connect_tcp(addr, self.connect_timeout, &self.credentials).await,
         }
     }
 
@@ -141,18 +182,34 @@ impl TcpPool {
 }
 
 impl TcpTransport {
+    /// Without a token (a cluster with authentication off).
     pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
-        Self { pool: TcpPool::new(connect_timeout), request_timeout, next_req_id: AtomicU64::new(1) }
+        Self::with_credentials(connect_timeout, request_timeout, Credentials::none())
+    }
+
+    /// Presenting `credentials` on every new connection.
+    pub fn with_credentials(connect_timeout: Duration, request_timeout: Duration, credentials: Credentials) -> Self {
+        Self {
+            pool: TcpPool::new(connect_timeout, credentials),
+            request_timeout,
+            next_req_id: AtomicU64::new(1),
+        }
     }
 }
 
-/// A new data-plane connection to a worker, with Nagle off (requests are small and answered at once).
-pub(crate) async fn connect_tcp(addr: &str, timeout: Duration) -> Result<TcpStream, TransportError> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+/// A new data-plane connection to a worker, with Nagle off (requests are small and answered at
+/// once), that has presented `credentials`.
+pub(crate) async fn connect_tcp(
+    addr: &str,
+    timeout: Duration,
+    credentials: &Credentials,
+) -> Result<TcpStream, TransportError> {
+    let mut stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
         .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
     stream.set_nodelay(true).map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
+    credentials.present(&mut stream, addr).await?;
     Ok(stream)
 }
 
@@ -256,11 +313,13 @@ async fn pooled_call<P: Pool>(
 
 /// Whether a connection can be reused after an exchange ended with `result`: only one that
 /// completed a whole exchange is known to be in sync, and not one whose frame the worker
-/// rejected as bad (it closes the connection after saying so).
+/// rejected as bad or whose token it refused (it closes the connection after saying so).
 pub(crate) fn reusable<T>(result: &Result<T, TransportError>) -> bool {
     match result {
         Ok(_) => true,
-        Err(TransportError::Remote { kind, .. }) => *kind != ErrorKind::BadFrame,
+        Err(TransportError::Remote { kind, .. }) => {
+            !matches!(kind, ErrorKind::BadFrame | ErrorKind::Unauthenticated | ErrorKind::Unavailable)
+        }
         Err(_) => false,
     }
 }
@@ -321,16 +380,24 @@ pub struct UnixTransport {
     request_timeout: Duration,
     max_idle: usize,
     next_req_id: AtomicU64,
+    credentials: Credentials,
 }
 
 impl UnixTransport {
+    /// Without a token (a cluster with authentication off).
     pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
+        Self::with_credentials(connect_timeout, request_timeout, Credentials::none())
+    }
+
+    /// Presenting `credentials` on every new connection.
+    pub fn with_credentials(connect_timeout: Duration, request_timeout: Duration, credentials: Credentials) -> Self {
         Self {
             idle: Mutex::new(Vec::new()),
             connect_timeout,
             request_timeout,
             max_idle: 64,
             next_req_id: AtomicU64::new(1),
+            credentials,
         }
     }
 }
@@ -342,7 +409,7 @@ impl Pool for UnixTransport {
         if let Some(stream) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(stream);
         }
-        connect_unix(addr, self.connect_timeout).await
+        connect_unix(addr, self.connect_timeout, &self.credentials).await
     }
 
     fn checkin(&self, _addr: &str, stream: UnixStream) {
@@ -363,12 +430,18 @@ impl Pool for UnixTransport {
 
 pooled_transport!(UnixTransport);
 
-/// A new connection to a worker's Unix socket at `path`.
-pub(crate) async fn connect_unix(path: &str, timeout: Duration) -> Result<UnixStream, TransportError> {
-    tokio::time::timeout(timeout, UnixStream::connect(path))
+/// A new connection to a worker's Unix socket at `path` that has presented `credentials`.
+pub(crate) async fn connect_unix(
+    path: &str,
+    timeout: Duration,
+    credentials: &Credentials,
+) -> Result<UnixStream, TransportError> {
+    let mut stream = tokio::time::timeout(timeout, UnixStream::connect(path))
         .await
         .map_err(|_| TransportError::Timeout { addr: path.to_string() })?
-        .map_err(|source| TransportError::Connect { addr: path.to_string(), source })
+        .map_err(|source| TransportError::Connect { addr: path.to_string(), source })?;
+    credentials.present(&mut stream, path).await?;
+    Ok(stream)
 }
 
 /// How a metadata request reaches a worker: its TCP data port or a sidecar's Unix socket.
@@ -388,15 +461,18 @@ pub(crate) async fn ask(
     req_id: u64,
     max: u64,
     timeouts: (Duration, Duration),
+    credentials: &Credentials,
 ) -> Result<Bytes, TransportError> {
     let (connect_timeout, request_timeout) = timeouts;
     let exchange = async {
         match via {
             Via::Tcp => {
-                ask_on(&mut connect_tcp(addr, connect_timeout).await?, addr, frame, req_id, max).await
+                let mut stream = connect_tcp(addr, connect_timeout, credentials).await?;
+                ask_on(&mut stream, addr, frame, req_id, max).await
             }
             Via::Unix => {
-                ask_on(&mut connect_unix(addr, connect_timeout).await?, addr, frame, req_id, max).await
+                let mut stream = connect_unix(addr, connect_timeout, credentials).await?;
+                ask_on(&mut stream, addr, frame, req_id, max).await
             }
         }
     };

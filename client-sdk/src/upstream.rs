@@ -20,12 +20,14 @@ impl ClusterUpstream {
     }
 
     /// A client of the cluster at `master_addr` for a sidecar: it never routes through a
-    /// sidecar socket itself (the pod's environment may name the sidecar's own), and one block
-    /// request gives up after `request_timeout` (then the sidecar reads the UFS).
-    pub async fn connect(master_addr: &str, request_timeout: Duration) -> Result<Self> {
+    /// sidecar socket itself (the pod's environment may name the sidecar's own), presents the
+    /// sidecar's `token` (role `worker`), and one block request gives up after
+    /// `request_timeout` (then the sidecar reads the UFS).
+    pub async fn connect(master_addr: &str, token: Option<String>, request_timeout: Duration) -> Result<Self> {
         let mut config = ClientConfig::new(master_addr);
         config.sidecar_socket = None;
         config.request_timeout = request_timeout;
+        config.token = token.map(crate::Token);
         Ok(Self::new(Client::connect(config).await?))
     }
 }

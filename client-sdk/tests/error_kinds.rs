@@ -16,7 +16,8 @@ use strata_proto::{
     InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks,
     Member, Membership, MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse,
     RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo,
-    ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, WorkerMountsRequest,
+    ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, WorkerMountsRequest, CreateTokenRequest,
+    CreateTokenResponse, TokenList, RevokeTokenRequest, TokenInfo, WorkerTokensRequest, WorkerTokenTable,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -93,6 +94,10 @@ fake_master! {
     remove_schedule(ScheduleId) -> Empty;
     fetch_load_tasks(FetchLoadTasksRequest) -> LoadTasks;
     report_load_tasks(ReportLoadTasksRequest) -> ReportLoadTasksResponse;
+    create_token(CreateTokenRequest) -> CreateTokenResponse;
+    list_tokens(Empty) -> TokenList;
+    revoke_token(RevokeTokenRequest) -> TokenInfo;
+    worker_tokens(WorkerTokensRequest) -> WorkerTokenTable;
 }
 
 /// Answers every block read with an error frame of the kind its path names. A `BadFrame` is

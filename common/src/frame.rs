@@ -24,6 +24,8 @@
 //! (`strata_proto::WorkerView`), which this codec does not look into; `Stat` (body `req_id:u64
 //! path_len:u16 path`) asks the worker to stat a path at the UFS itself, answered by a
 //! [`FileStat`]. Both let a client go on, or start, while the master is unreachable.
+//! `Auth` (body = a token) says who the client is: the first frame of every connection to a
+//! cluster that requires tokens, answered only when refused.
 //! `status` 0 is success and the payload is data; otherwise it is an [`ErrorKind`] code and
 //! the payload a UTF-8 message.
 //!
@@ -81,6 +83,10 @@ pub enum Op {
     View = 9,
     /// Stat a path at the UFS through the worker's mount ([`StatRequest`] → [`FileStat`]).
     Stat = 10,
+    /// Who the client is: the connection's first frame when the cluster requires tokens
+    /// ([`auth_request`]; body = the token's bytes). No answer when accepted; when refused, an
+    /// error frame (kind `unauthenticated`, request id 0) and the connection closes.
+    Auth = 11,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -194,6 +200,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         8 => Op::RdmaConnect,
         9 => Op::View,
         10 => Op::Stat,
+        11 => Op::Auth,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -204,6 +211,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::RemoteRead => RemoteRead::BODY_LEN,
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
         Op::View => 8,
+        Op::Auth => MAX_AUTH_BODY,
         Op::ReadBlock | Op::WriteBegin | Op::Stat => MAX_REQUEST_BODY,
         Op::OpenBlock => MAX_REQUEST_BODY + 1,
     };
@@ -458,6 +466,23 @@ impl WriteBegin {
 }
 
 /// A `View` request: the worker's last view of the cluster.
+/// Largest `Auth` body (a token).
+pub const MAX_AUTH_BODY: usize = 512;
+
+/// The `Auth` frame presenting `token` (at most [`MAX_AUTH_BODY`] bytes; a longer one is cut and
+/// so refused).
+pub fn auth_request(token: &str) -> Vec<u8> {
+    let token = &token.as_bytes()[..token.len().min(MAX_AUTH_BODY)];
+    let mut out = request_header(Op::Auth, token.len()).to_vec();
+    out.extend_from_slice(token);
+    out
+}
+
+/// The token of an `Auth` body.
+pub fn decode_auth_body(body: &[u8]) -> Result<&str, FrameError> {
+    std::str::from_utf8(body).map_err(|_| FrameError::NotUtf8)
+}
+
 pub fn view_request(req_id: u64) -> Vec<u8> {
     let mut out = request_header(Op::View, 8).to_vec();
     out.extend_from_slice(&req_id.to_le_bytes());
@@ -615,6 +640,18 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn auth_frames_round_trip_and_are_bounded() {
+        let frame = auth_request("strata_abc");
+        let header: [u8; REQUEST_HEADER_LEN] = frame[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::Auth, 10));
+        assert_eq!(decode_auth_body(&frame[REQUEST_HEADER_LEN..]), Ok("strata_abc"));
+        assert_eq!(decode_auth_body(&[0xff, 0xfe]), Err(FrameError::NotUtf8));
+        assert!(decode_request_header(&request_header(Op::Auth, MAX_AUTH_BODY + 1)).is_err());
+        let long = auth_request(&"x".repeat(MAX_AUTH_BODY * 2));
+        assert_eq!(long.len(), REQUEST_HEADER_LEN + MAX_AUTH_BODY);
+    }
 
     #[test]
     fn view_and_stat_requests_round_trip() {

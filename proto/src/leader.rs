@@ -58,9 +58,10 @@ pub type MasterConn = crate::master_client::MasterClient<LeaderChannel>;
 /// list), each reached through `make`'s endpoint, with the message limits set.
 pub fn master_conn(
     masters: &str,
+    token: Option<&str>,
     make: impl Fn(&str) -> Result<Endpoint, tonic::transport::Error> + Send + Sync + 'static,
 ) -> Result<MasterConn, tonic::transport::Error> {
-    let channel = LeaderChannel::new(strata_common::master_addrs(masters), make, DEFAULT_FOLLOW_FOR)?;
+    let channel = LeaderChannel::new(strata_common::master_addrs(masters), token, make, DEFAULT_FOLLOW_FOR)?;
     Ok(crate::master_client::MasterClient::new(channel)
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(crate::MAX_MESSAGE_BYTES))
@@ -81,13 +82,17 @@ struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     /// The master the last call succeeded on (or was told leads).
     current: Mutex<String>,
+    /// `Bearer <token>`, sent with every call.
+    authorization: Option<http::HeaderValue>,
 }
 
 impl LeaderChannel {
     /// A lazily connected channel over `masters` (at least one), each reached through the
-    /// endpoint `make` builds for its `host:port` (timeouts, message limits).
+    /// endpoint `make` builds for its `host:port` (timeouts, message limits), presenting `token`
+    /// on every call (`None`: no token, for a cluster with authentication off).
     pub fn new(
         masters: Vec<String>,
+        token: Option<&str>,
         make: impl Fn(&str) -> Result<Endpoint, tonic::transport::Error> + Send + Sync + 'static,
         follow_for: Duration,
     ) -> Result<Self, tonic::transport::Error> {
@@ -103,9 +108,11 @@ impl LeaderChannel {
                 follow_for,
                 channels: Mutex::new(channels),
                 current: Mutex::new(current),
+                authorization: token.map(bearer),
             }),
         })
     }
+
 
     /// The masters this channel knows, in the order given.
     pub fn masters(&self) -> &[String] {
@@ -154,6 +161,9 @@ impl LeaderChannel {
             *request.uri_mut() = parts.uri.clone();
             *request.version_mut() = parts.version;
             *request.headers_mut() = parts.headers.clone();
+            if let Some(auth) = &self.inner.authorization {
+                request.headers_mut().insert(http::header::AUTHORIZATION, auth.clone());
+            }
             *request.extensions_mut() = parts.extensions.clone();
             let mut channel = self.channel(&addr).map_err(|e| -> StdError { Box::new(e) })?;
             let out_of_time = started.elapsed() >= self.inner.follow_for;
@@ -190,6 +200,16 @@ impl LeaderChannel {
             addr = next;
         }
     }
+}
+
+/// The `authorization` value presenting `token`, marked sensitive (never logged by hyper).
+fn bearer(token: &str) -> http::HeaderValue {
+    // A token with bytes a header cannot carry is no Strata token: the master refuses what is
+    // sent instead as malformed, which says so.
+    let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))
+        .unwrap_or_else(|_| http::HeaderValue::from_static("Bearer not-a-token"));
+    value.set_sensitive(true);
+    value
 }
 
 impl Service<http::Request<Body>> for LeaderChannel {
@@ -231,6 +251,7 @@ mod tests {
     async fn next_after_goes_round_the_list() {
         let ch = LeaderChannel::new(
             vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            None,
             |a| Endpoint::from_shared(format!("http://{a}")),
             DEFAULT_FOLLOW_FOR,
         );

@@ -31,6 +31,9 @@ pub struct ClusterOptions {
     /// Options of the `/data` mount (block_size, metadata_ttl, ...); they override the UFS's
     /// own (a test can point `endpoint` at a fault proxy).
     pub mount_options: Vec<(String, String)>,
+    /// Require tokens (the default, as a real cluster does): the harness's clients present the
+    /// admin token, its workers the worker token (`admin_token`, `worker_token`).
+    pub auth: bool,
 }
 
 impl Default for ClusterOptions {
@@ -43,6 +46,7 @@ impl Default for ClusterOptions {
             memory_capacity: 256 << 20,
             nvme_capacity: 1 << 30,
             mount_options: vec![("block_size".into(), "1MiB".into()), ("metadata_ttl".into(), "60s".into())],
+            auth: true,
         }
     }
 }
@@ -78,8 +82,10 @@ impl Cluster {
             data_dir: state_dir.path().join("master"),
             worker_timeout_ms: opts.worker_timeout_ms,
             heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            auth: opts.auth,
             ..MasterConfig::default()
         };
+        let token_files = master_config.token_files();
         let master = Master::start(master_config.clone(), factory.clone()).await.expect("master starts");
         // Restarts come back on the same port, as a real master would.
         master_config.rpc_addr = master.rpc_addr;
@@ -91,6 +97,7 @@ impl Cluster {
                 data_dir: state_dir.path().join(format!("worker-{i}")),
                 memory_capacity: opts.memory_capacity,
                 nvme_capacity: opts.nvme_capacity,
+                token_file: Some(token_files.worker_file.clone()).filter(|_| opts.auth),
                 ..WorkerConfig::default()
             })
             .collect();
@@ -131,11 +138,30 @@ impl Cluster {
         self.master_config.rpc_addr.to_string()
     }
 
+    /// A client's configuration presenting the admin token (none with `auth: false`).
     pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new(self.master_addr());
         c.membership_refresh = Duration::from_millis(200);
         c.request_timeout = Duration::from_secs(20);
+        c.token = self.admin_token().map(strata_client::Token);
         c
+    }
+
+    /// The admin token the master wrote at its first start; `None` with `auth: false`.
+    pub fn admin_token(&self) -> Option<String> {
+        self.master_config.auth.then(|| read_token(&self.master_config.token_files().admin_file))
+    }
+
+    /// The token the workers present; `None` with `auth: false`.
+    pub fn worker_token(&self) -> Option<String> {
+        self.master_config.auth.then(|| read_token(&self.master_config.token_files().worker_file))
+    }
+
+    /// A client presenting `token` (or none).
+    pub async fn client_with_token(&self, token: Option<&str>) -> Result<Client, strata_client::ClientError> {
+        let mut c = self.client_config();
+        c.token = token.map(|t| strata_client::Token(t.to_string()));
+        Client::connect(c).await
     }
 
     pub async fn client(&self) -> Client {
@@ -236,6 +262,10 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+fn read_token(path: &Path) -> String {
+    strata_security::token::read_token_file(path).expect("the master wrote its token file")
 }
 
 /// Polls `check` until it holds, failing the test with `what` after `within`: how a test waits

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use strata_client::{
+    Credentials,
     Client, EmulatedReader, FileInfo, RdmaMode as ClientRdma, RdmaTransport, RemoteReader, TcpTransport,
     Transport, TransportError,
 };
@@ -51,13 +52,19 @@ async fn rdma_worker_with_clock(
         memory_capacity: 256 << 20,
         nvme_capacity: 1 << 30,
         rdma,
+        token: cluster.worker_token(),
         ..WorkerConfig::default()
     };
     Worker::start_with_clock(config, cluster.factory.clone(), clock).await.expect("worker starts")
 }
 
-fn transport() -> RdmaTransport<EmulatedReader> {
-    RdmaTransport::new(EmulatedReader::new(T, T), T, T)
+fn transport(cluster: &Cluster) -> RdmaTransport<EmulatedReader> {
+    RdmaTransport::with_credentials(EmulatedReader::with_credentials(T, T, creds(cluster)), T, T, creds(cluster))
+}
+
+/// What the test's transports present: the cluster's admin token.
+fn creds(cluster: &Cluster) -> Credentials {
+    Credentials::token(cluster.admin_token().as_deref())
 }
 
 fn request(info: &FileInfo, block_index: u64, offset: u64, len: u64) -> ReadBlockRequest {
@@ -119,8 +126,8 @@ async fn random_ranges_over_emulated_rdma_equal_tcp_and_every_grant_is_released(
     let info = cluster.client().await.stat("/data/r.bin").await.unwrap();
     let blocks = info.size.div_ceil(info.block_size);
 
-    let rdma = transport();
-    let tcp = TcpTransport::new(T, T);
+    let rdma = transport(&cluster);
+    let tcp = TcpTransport::with_credentials(T, T, creds(&cluster));
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
         x ^= x << 13;
@@ -173,7 +180,7 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     let data = pattern(2 * MIB, 5);
     cluster.write_file("s.bin", &data);
     let info = cluster.client().await.stat("/data/s.bin").await.unwrap();
-    let reader = EmulatedReader::new(T, T);
+    let reader = EmulatedReader::with_credentials(T, T, creds(&cluster));
     let addr = w.data_addr.to_string();
 
     let req = request(&info, 1, 1000, 5000);
@@ -249,7 +256,7 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
     let want = expected(&data, &req);
 
     // RDMA off on the worker: the grant is refused, the bytes come over TCP.
-    let off = transport();
+    let off = transport(&cluster);
     let (got, _) = off.read_block(&cluster.worker(0).data_addr.to_string(), &req).await.unwrap();
     assert!(got[..] == want[..]);
     assert_eq!((off.remote_reads(), off.fallbacks()), (0, 1));
@@ -258,7 +265,7 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
     let limited_addr = limited.data_addr.to_string();
     let mut holder = TcpStream::connect(&limited_addr).await.unwrap();
     let held = open_grant(&mut holder, &req).await.unwrap();
-    let t = transport();
+    let t = transport(&cluster);
     let (got, _) = t.read_block(&limited_addr, &req).await.unwrap();
     assert!(got[..] == want[..]);
     assert_eq!((t.remote_reads(), t.fallbacks()), (0, 1));
@@ -273,7 +280,7 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
     assert_eq!((t.remote_reads(), t.fallbacks()), (1, 1));
 
     // Registered memory too small for the range: TCP; a range that fits: RDMA.
-    let t = transport();
+    let t = transport(&cluster);
     let small_addr = small.data_addr.to_string();
     let (got, _) = t.read_block(&small_addr, &req).await.unwrap();
     assert!(got[..] == want[..]);
@@ -283,14 +290,19 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
     assert_eq!((t.remote_reads(), t.fallbacks()), (1, 1));
 
     // The grant expires before the one-sided read: refused, then TCP.
-    let t = RdmaTransport::new(SlowReader(EmulatedReader::new(T, T), Duration::from_millis(300)), T, T);
+    let t = RdmaTransport::with_credentials(
+        SlowReader(EmulatedReader::with_credentials(T, T, creds(&cluster)), Duration::from_millis(300)),
+        T,
+        T,
+        creds(&cluster),
+    );
     let (got, _) = t.read_block(&short.data_addr.to_string(), &req).await.unwrap();
     assert!(got[..] == want[..]);
     assert_eq!((t.remote_reads(), t.fallbacks()), (0, 1));
 
     // A changed file is not papered over by the fallback: the caller learns it.
     let stale = ReadBlockRequest { version: "m1-s1".into(), ..req.clone() };
-    let err = transport().read_block(&limited_addr, &stale).await.unwrap_err();
+    let err = transport(&cluster).read_block(&limited_addr, &stale).await.unwrap_err();
     assert!(matches!(err, TransportError::Remote { kind: ErrorKind::VersionChanged, .. }), "{err:?}");
 
     for w in [limited, small, short] {
@@ -309,7 +321,7 @@ async fn a_client_configured_for_rdma_reads_whole_files_through_grants() {
     let data = pattern(5 * MIB + 999, 3);
     cluster.write_file("c.bin", &data);
 
-    let transport = Arc::new(transport());
+    let transport = Arc::new(transport(&cluster));
     let client = Client::connect_with_transport(cluster.client_config(), transport.clone()).await.unwrap();
     let got = client.read_all("/data/c.bin").await.unwrap();
     assert!(got[..] == data[..]);

@@ -46,11 +46,13 @@ async fn start_sidecar_with_clock(
         nvme_capacity: 0,
         sidecar: true,
         socket_path: Some(dir.join("strata.sock")),
+        token: cluster.worker_token(),
         ..WorkerConfig::default()
     };
     tune(&mut config);
     let upstream = strata_client::ClusterUpstream::connect(
         &config.master_addr,
+        config.token.clone(),
         std::time::Duration::from_millis(config.ufs_timeout_ms),
     )
     .await

@@ -3,7 +3,8 @@
 //!
 //! Keys, under the prefix `/strata/`: `leader` (the leader's advertised rpc address, attached
 //! to its lease), `mounts/<path>`, `jobs/<id>`, `schedules/<id>` (JSON records, as in redb),
-//! `workers/<id>` (registered workers, so a new leader knows the ring at once).
+//! `workers/<id>` (registered workers, so a new leader knows the ring at once), `tokens/<id>`
+//! (token hashes with their roles and scopes, never a token).
 //!
 //! Invariants:
 //! - **One acting leader.** A master leads from the moment its transaction created `leader`
@@ -446,6 +447,18 @@ impl MetaStore for EtcdStore {
 
     fn delete_worker(&self, id: &str) -> Result<(), StoreError> {
         self.etcd.delete(self.revision, "workers", id)
+    }
+
+    fn load_tokens(&self) -> Result<Vec<strata_security::token::TokenRecord>, StoreError> {
+        self.etcd.load_all("tokens")
+    }
+
+    fn put_token(&self, record: &strata_security::token::TokenRecord) -> Result<(), StoreError> {
+        self.etcd.put(self.revision, "tokens", &record.id, record)
+    }
+
+    fn delete_token(&self, id: &str) -> Result<(), StoreError> {
+        self.etcd.delete(self.revision, "tokens", id)
     }
 
     /// The connection outlives a term; it is closed with the master ([`Etcd::close`]).

@@ -20,12 +20,18 @@ use crate::blocks::BlockService;
 
 /// Serves one write whose `WriteBegin` header (with `body_len`) was just read. Returns once the
 /// write is answered; an `Err` means the connection must close.
-pub(super) async fn serve_write<S>(stream: &mut S, blocks: &BlockService, body_len: usize) -> io::Result<()>
+/// `allow` says whether the connection's caller may write the path `WriteBegin` names.
+pub(super) async fn serve_write<S>(
+    stream: &mut S,
+    blocks: &BlockService,
+    body_len: usize,
+    allow: impl FnOnce(&str) -> Result<(), (ErrorKind, String)>,
+) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut ended = WriteOutcome::Refused;
-    let result = write_file(stream, blocks, body_len, &mut ended).await;
+    let result = write_file(stream, blocks, body_len, allow, &mut ended).await;
     blocks.count_write(ended.label());
     result
 }
@@ -53,6 +59,7 @@ async fn write_file<S>(
     stream: &mut S,
     blocks: &BlockService,
     body_len: usize,
+    allow: impl FnOnce(&str) -> Result<(), (ErrorKind, String)>,
     ended: &mut WriteOutcome,
 ) -> io::Result<()>
 where
@@ -67,6 +74,10 @@ where
             return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
     };
+    if let Err(refused) = allow(&begin.path) {
+        debug!(path = %begin.path, err = %refused.1, "write refused");
+        return respond(stream, begin.req_id, Err(refused)).await;
+    }
     let started = Instant::now();
     let mut writer = match blocks.open_writer(&begin.path).await {
         Ok(w) => w,

@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::RemoteReader;
-use crate::transport::{TransportError, connect_tcp};
+use crate::transport::{Credentials, TransportError, connect_tcp};
 
 const PORT_NUM: u8 = 1;
 
@@ -371,16 +371,23 @@ pub struct VerbsReader {
     conns: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    credentials: Credentials,
 }
 
 impl VerbsReader {
-    /// Opens the first RDMA device; fails where there is none.
-    pub fn open(connect_timeout: Duration, request_timeout: Duration) -> std::io::Result<Self> {
+    /// Opens the first RDMA device; fails where there is none. Control connections present
+    /// `credentials`: a worker grants nothing to an unauthenticated peer.
+    pub fn open(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        credentials: Credentials,
+    ) -> std::io::Result<Self> {
         Ok(Self {
             dev: Arc::new(Device::open_first()?),
             conns: tokio::sync::Mutex::new(HashMap::new()),
             connect_timeout,
             request_timeout,
+            credentials,
         })
     }
 
@@ -392,7 +399,7 @@ impl VerbsReader {
         let io = |source| TransportError::Io { addr: worker.to_string(), source };
         let mut qp = QueuePair::create(self.dev.clone()).map_err(io)?;
         let request = qp.endpoint().encode_request();
-        let mut control = connect_tcp(worker, self.connect_timeout).await?;
+        let mut control = connect_tcp(worker, self.connect_timeout, &self.credentials).await?;
         let exchange = async {
             control.write_all(&request).await?;
             let mut head = [0u8; RESPONSE_HEADER_LEN];
