@@ -53,6 +53,10 @@ fn start_master(strata: &Path, dir: &Path, addr: &str, meta: &str, lease_ms: u64
         .arg(&config)
         .arg("--data-dir")
         .arg(dir.join(addr.replace(':', "-")))
+        // One admin token for the three masters, as a Kubernetes Secret gives them: the first
+        // master creates the file, the others read it.
+        .arg("--admin-token-file")
+        .arg(dir.join("admin.token"))
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -114,7 +118,10 @@ async fn main() {
         .map(|addr| Some(start_master(&strata, dir.path(), addr, &meta, args.lease_ms)))
         .collect();
     let list = addrs.join(",");
-    let client = Client::connect(ClientConfig::new(list.clone())).await.expect("client");
+    let mut config = ClientConfig::new(list.clone());
+    let token = strata_security_token(&dir.path().join("admin.token"));
+    config.token = Some(strata_client::Token(token));
+    let client = Client::connect(config).await.expect("client");
     let ufs = dir.path().join("ufs");
     std::fs::create_dir_all(&ufs).unwrap();
     let uri = format!("file://{}", ufs.display());
@@ -159,4 +166,8 @@ async fn main() {
         load_average(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
+}
+
+fn strata_security_token(path: &Path) -> String {
+    std::fs::read_to_string(path).expect("the first master wrote the admin token").trim().to_string()
 }

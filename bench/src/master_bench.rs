@@ -23,6 +23,7 @@ use strata_proto::master_client::MasterClient;
 use strata_proto::{
     AddMountRequest, BlockReport, HeartbeatRequest, ListRequest, RegisterWorkerRequest, StatRequest, Tier,
 };
+use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 #[global_allocator]
@@ -75,17 +76,37 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-async fn connect(addr: &str) -> anyhow::Result<MasterClient<Channel>> {
+/// A client of the master presenting `token` on every call (the token check is part of what is
+/// measured).
+type Conn = MasterClient<InterceptedService<Channel, Bearer>>;
+
+#[derive(Clone)]
+struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+async fn connect(addr: &str, token: &str) -> anyhow::Result<Conn> {
     let channel = Channel::from_shared(format!("http://{addr}"))?.connect().await?;
-    Ok(MasterClient::new(channel)
+    let bearer = Bearer(format!("Bearer {token}").parse()?);
+    Ok(MasterClient::with_interceptor(channel, bearer)
         .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES))
 }
 
+/// The token in a file the master wrote at start.
+fn token(path: &std::path::Path) -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(path)?.trim().to_string())
+}
+
 /// One simulated worker: registers, then sends the blocks of every file `f` with
 /// `f % workers == w` as a full report in chunks, as a restarted worker does.
-async fn report(addr: String, args: Args, w: u64) -> anyhow::Result<u64> {
-    let mut master = connect(&addr).await?;
+async fn report(addr: String, worker_token: String, args: Args, w: u64) -> anyhow::Result<u64> {
+    let mut master = connect(&addr, &worker_token).await?;
     let worker_id = format!("bench-worker-{w:04}");
     master
         .register_worker(RegisterWorkerRequest {
@@ -144,7 +165,7 @@ struct Rate {
 /// `Stat` of random cached paths (or, with `stat` false, `ListMounts`) from `args.callers`
 /// concurrent callers for `args.seconds`.
 async fn rate(
-    channels: &[MasterClient<Channel>],
+    channels: &[Conn],
     args: &Args,
     paths: Arc<Vec<String>>,
     stat: bool,
@@ -202,7 +223,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let master = Master::start(config, Arc::new(strata_ufs::OpendalFactory)).await?;
     let addr = master.rpc_addr.to_string();
-    let mut admin = connect(&addr).await?;
+    let admin_token = token(&tmp.path().join("master/admin.token"))?;
+    let worker_token = token(&tmp.path().join("master/worker.token"))?;
+    let mut admin = connect(&addr, &admin_token).await?;
     admin
         .add_mount(AddMountRequest {
             path: "/bench".into(),
@@ -216,7 +239,7 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..args.workers {
-        tasks.push(tokio::spawn(report(addr.clone(), args.clone(), w)));
+        tasks.push(tokio::spawn(report(addr.clone(), worker_token.clone(), args.clone(), w)));
     }
     let mut entries = 0u64;
     for task in tasks {
@@ -256,7 +279,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
-        channels.push(connect(&addr).await?);
+        channels.push(connect(&addr, &admin_token).await?);
     }
     let stat = rate(&channels, &args, paths.clone(), true).await?;
     let noop = rate(&channels, &args, paths.clone(), false).await?;

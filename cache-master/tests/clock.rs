@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use strata_common::Clock;
 use strata_common::clock::ManualClock;
 use strata_master::{Master, MasterConfig, MasterHandle};
-use strata_proto::master_client::MasterClient;
+use strata_proto::leader::{MasterConn, master_conn};
 use strata_proto::{
     AddMountRequest, Empty, FetchLoadTasksRequest, HeartbeatRequest, JobId, JobState, ListJobsRequest,
     ListRequest, LoadOptions, LoadTask, LoadTaskResult, RegisterWorkerRequest, ReportLoadTasksRequest,
@@ -18,12 +18,14 @@ use strata_proto::{
 };
 use strata_ufs::OpendalFactory;
 use tempfile::TempDir;
-use tonic::transport::Channel;
 
 struct Fixture {
     master: MasterHandle,
     clock: Arc<ManualClock>,
-    client: MasterClient<Channel>,
+    /// The admin token's client (mounts, jobs, schedules, reads).
+    client: MasterConn,
+    /// The workers' token's client (register, heartbeat, load tasks).
+    worker: MasterConn,
     ufs: TempDir,
     _state: TempDir,
 }
@@ -42,11 +44,18 @@ async fn start(worker_timeout_ms: u64) -> Fixture {
     };
     let clock = ManualClock::new();
     let master = Master::start_with_clock(config, Arc::new(OpendalFactory), clock.clone()).await.unwrap();
-    let mut client = MasterClient::connect(format!("http://{}", master.rpc_addr)).await.unwrap();
+    let conn = |file: &str| {
+        let token = strata_security::token::read_token_file(&state.path().join("master").join(file)).unwrap();
+        master_conn(&master.rpc_addr.to_string(), Some(&token), |a| {
+            tonic::transport::Endpoint::from_shared(format!("http://{a}"))
+        })
+        .unwrap()
+    };
+    let (mut client, worker) = (conn("admin.token"), conn("worker.token"));
     let options = [("metadata_ttl".to_string(), "10s".to_string())].into();
     let uri = format!("file://{}", ufs.path().display());
     client.add_mount(AddMountRequest { path: "/data".into(), uri, options }).await.unwrap();
-    Fixture { master, clock, client, ufs, _state: state }
+    Fixture { master, clock, client, worker, ufs, _state: state }
 }
 
 impl Fixture {
@@ -61,7 +70,7 @@ impl Fixture {
             http_addr: String::new(),
             tiers: Vec::new(),
         };
-        self.client.register_worker(req).await.unwrap();
+        self.worker.register_worker(req).await.unwrap();
     }
 
     async fn live(&mut self, id: &str) -> bool {
@@ -76,7 +85,7 @@ impl Fixture {
 
     async fn fetch(&mut self, worker: &str, wait_ms: u64) -> Vec<LoadTask> {
         let req = FetchLoadTasksRequest { worker_id: worker.into(), max: 10, wait_ms };
-        self.client.fetch_load_tasks(req).await.unwrap().into_inner().tasks
+        self.worker.fetch_load_tasks(req).await.unwrap().into_inner().tasks
     }
 }
 
@@ -103,7 +112,7 @@ async fn a_silent_worker_is_lost_only_once_the_clock_passes_its_timeout() {
     f.register("beating").await;
     f.clock.advance(Duration::from_millis(600));
     let beat = HeartbeatRequest { worker_id: "beating".into(), ..Default::default() };
-    assert!(!f.client.heartbeat(beat).await.unwrap().into_inner().reregister);
+    assert!(!f.worker.heartbeat(beat).await.unwrap().into_inner().reregister);
     f.clock.advance(Duration::from_millis(600));
 
     let client = f.client.clone();
@@ -121,7 +130,7 @@ async fn a_silent_worker_is_lost_only_once_the_clock_passes_its_timeout() {
     let beating = status.workers.iter().find(|w| w.id == "beating").unwrap();
     assert_eq!(beating.last_heartbeat_ms_ago, 600);
     let lost = HeartbeatRequest { worker_id: "quiet".into(), ..Default::default() };
-    assert!(f.client.heartbeat(lost).await.unwrap().into_inner().reregister, "a lost worker registers again");
+    assert!(f.worker.heartbeat(lost).await.unwrap().into_inner().reregister, "a lost worker registers again");
     f.master.shutdown().await;
 }
 
@@ -130,7 +139,7 @@ async fn cached_stats_and_listings_last_their_ttl_on_the_clock() {
     let mut f = start(10_000).await;
     f.write("a.bin", 10);
     assert_eq!(f.size("/data/a.bin").await, 10);
-    let names = |mut client: MasterClient<Channel>| async move {
+    let names = |mut client: MasterConn| async move {
         let req = ListRequest { path: "/data".into(), sync: false, ..Default::default() };
         let entries = client.list(req).await.unwrap().into_inner().entries;
         entries.into_iter().map(|e| e.path).collect::<Vec<_>>()
@@ -157,7 +166,7 @@ async fn a_task_not_reported_within_its_lease_is_handed_out_again() {
     let opts = LoadOptions { replicas: 1, ..Default::default() };
     let req = SubmitLoadRequest { path: "/data".into(), options: Some(opts) };
     let job = f.client.submit_load(req).await.unwrap().into_inner();
-    let client = f.client.clone();
+    let client = f.worker.clone();
     let task = eventually("the job's task is handed out", || {
         let mut client = client.clone();
         async move {
@@ -181,7 +190,7 @@ async fn a_task_not_reported_within_its_lease_is_handed_out_again() {
     let done =
         LoadTaskResult { task_id: again.task_id, job_id: job.id.clone(), ok: true, ..Default::default() };
     let report = ReportLoadTasksRequest { worker_id: "w".into(), results: vec![done] };
-    f.client.report_load_tasks(report).await.unwrap();
+    f.worker.report_load_tasks(report).await.unwrap();
     let info = eventually("the job succeeds", || {
         let mut client = client.clone();
         let id = job.id.clone();
@@ -196,7 +205,7 @@ async fn a_task_not_reported_within_its_lease_is_handed_out_again() {
     f.master.shutdown().await;
 }
 
-async fn add_hourly(client: &mut MasterClient<Channel>) -> ScheduleInfo {
+async fn add_hourly(client: &mut MasterConn) -> ScheduleInfo {
     let req = ScheduleRequest {
         cron: "0 * * * *".into(),
         tz: String::new(),
@@ -207,7 +216,7 @@ async fn add_hourly(client: &mut MasterClient<Channel>) -> ScheduleInfo {
 }
 
 /// Polls until the schedule has decided (fired or skipped) `n` times.
-async fn decided(client: &MasterClient<Channel>, id: &str, n: u64) -> ScheduleInfo {
+async fn decided(client: &MasterConn, id: &str, n: u64) -> ScheduleInfo {
     eventually("the schedule's time is decided", || {
         let mut client = client.clone();
         let id = id.to_string();

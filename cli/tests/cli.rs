@@ -8,8 +8,19 @@ use std::time::{Duration, Instant};
 
 fn strata() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
-    c.env_remove("STRATA_MASTER").env("RUST_LOG", "warn");
+    c.env_remove("STRATA_MASTER")
+        .env_remove("STRATA_TOKEN")
+        .env_remove("STRATA_TOKEN_FILE")
+        .env_remove("STRATA_DIR")
+        .env("RUST_LOG", "warn");
     c
+}
+
+/// The admin token file of the standalone serving each master address these tests started.
+static TOKEN_FILES: std::sync::Mutex<Vec<(String, std::path::PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+fn token_file_of(master: &str) -> Option<std::path::PathBuf> {
+    TOKEN_FILES.lock().unwrap().iter().rev().find(|(m, _)| m == master).map(|(_, f)| f.clone())
 }
 
 fn free_port() -> u16 {
@@ -53,11 +64,17 @@ fn start_standalone_with(mut cmd: Command, dir: &Path, master: &str, mount: &str
     }
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
+    TOKEN_FILES.lock().unwrap().push((master.to_string(), dir.join("admin.token")));
     Standalone(child)
 }
 
+/// A client command against `master`, presenting the admin token of the standalone serving it.
 fn run(master: &str, args: &[&str]) -> Output {
-    strata().arg("--master").arg(master).args(args).output().unwrap()
+    let mut cmd = strata();
+    if let Some(file) = token_file_of(master) {
+        cmd.env("STRATA_TOKEN_FILE", file);
+    }
+    cmd.arg("--master").arg(master).args(args).output().unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -79,7 +96,12 @@ fn standalone_serves_the_cli_and_reports_clear_errors() {
     assert!(cat.status.success(), "{}", stderr(&cat));
     assert!(cat.stdout == data, "cat returned other bytes");
     // The address also comes from STRATA_MASTER.
-    let again = strata().env("STRATA_MASTER", &master).args(["cat", "/d/sub/blob.bin"]).output().unwrap();
+    let again = strata()
+        .env("STRATA_MASTER", &master)
+        .env("STRATA_TOKEN_FILE", token_file_of(&master).unwrap())
+        .args(["cat", "/d/sub/blob.bin"])
+        .output()
+        .unwrap();
     assert!(again.status.success() && again.stdout == data);
 
     let stat = run(&master, &["stat", "--json", "/d/sub/blob.bin"]);
@@ -218,6 +240,7 @@ fn warmup_loads_a_directory_and_job_commands_report_it() {
 
     // A reader that goes away early is not an error.
     let mut child = strata()
+        .env("STRATA_TOKEN_FILE", token_file_of(&master).unwrap())
         .args(["--master", &master, "job", "history"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -256,4 +279,112 @@ fn ls_of_a_100k_entry_directory_streams_pages() {
     std::fs::create_dir(&empty).unwrap();
     let none = run(&master, &["ls", "--json", "/d/empty"]);
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&none.stdout).unwrap(), serde_json::json!([]));
+}
+
+/// The quickstart: `strata standalone` in a directory writes its admin token to
+/// `.strata/admin.token` (0600) and a CLI run from the same directory finds it; from elsewhere,
+/// without a token, the CLI is refused with an error that says what to do.
+#[test]
+fn the_cli_finds_the_standalone_admin_token_by_itself() {
+    use std::os::unix::fs::PermissionsExt;
+    let cwd = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let mut child = strata()
+        .current_dir(cwd.path())
+        .args(["--master", &master, "standalone", "--memory", "64MiB", "--nvme", "256MiB"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                printed.push_str(&line);
+                printed.push('\n');
+                if line.starts_with("try:") {
+                    break;
+                }
+            }
+            other => panic!("standalone exited before starting: {other:?}"),
+        }
+    }
+    let _node = Standalone(child);
+    let token_file = cwd.path().join(".strata/admin.token");
+    assert!(printed.contains("admin.token"), "the banner says where the token is: {printed}");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let here = strata().current_dir(cwd.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
+    assert!(here.status.success(), "{}", stderr(&here));
+    let away = strata().current_dir(elsewhere.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
+    assert!(!away.status.success());
+    assert!(stderr(&away).contains("no token") && stderr(&away).contains("STRATA_TOKEN"), "{}", stderr(&away));
+    let flag = strata()
+        .current_dir(elsewhere.path())
+        .args(["--master", &master, "--token-file"])
+        .arg(&token_file)
+        .args(["ls", "/local"])
+        .output()
+        .unwrap();
+    assert!(flag.status.success(), "--token-file: {}", stderr(&flag));
+}
+
+/// `strata token create|ls|revoke` and what each role may do, through the CLI.
+#[test]
+fn tokens_have_roles_scopes_and_can_be_revoked() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    for dir in ["a", "b"] {
+        std::fs::create_dir(ufs.path().join(dir)).unwrap();
+        std::fs::write(ufs.path().join(dir).join("f.txt"), dir.repeat(100)).unwrap();
+    }
+    let master = format!("127.0.0.1:{}", free_port());
+    let _node = start_standalone(state.path(), &master, &format!("/d=file://{}", ufs.path().display()));
+
+    let created = run(&master, &["token", "create", "--role", "reader", "--prefix", "/d/a", "--name", "team a"]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    let out = String::from_utf8(created.stdout).unwrap();
+    let reader = out.lines().last().unwrap().to_string();
+    assert!(reader.starts_with("strata_") && !reader.contains(' '), "the token alone on the last line: {out}");
+    let as_reader = |args: &[&str]| {
+        strata().env("STRATA_TOKEN", &reader).arg("--master").arg(&master).args(args).output().unwrap()
+    };
+    let cat = as_reader(&["cat", "/d/a/f.txt"]);
+    assert!(cat.status.success() && cat.stdout == "a".repeat(100).as_bytes(), "{}", stderr(&cat));
+    let outside = as_reader(&["cat", "/d/b/f.txt"]);
+    assert!(!outside.status.success());
+    assert!(stderr(&outside).contains("scoped to /d/a"), "{}", stderr(&outside));
+    let admin_only = as_reader(&["mount", "add", "/x", &format!("file://{}", ufs.path().display())]);
+    assert!(!admin_only.status.success());
+    assert!(stderr(&admin_only).contains("reader token may not"), "{}", stderr(&admin_only));
+    assert!(!run(&master, &["mount", "ls"]).stdout.is_empty());
+    let mounts = String::from_utf8(run(&master, &["mount", "ls"]).stdout).unwrap();
+    assert!(!mounts.contains("/x"), "nothing was mounted: {mounts}");
+
+    let ls = run(&master, &["token", "ls", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    let id = reader_id(&v, "team a");
+    assert!(!String::from_utf8_lossy(&ls.stdout).contains(&reader), "token ls never shows a token");
+    let revoked = run(&master, &["token", "revoke", &id]);
+    assert!(revoked.status.success(), "{}", stderr(&revoked));
+    let after = as_reader(&["cat", "/d/a/f.txt"]);
+    assert!(!after.status.success());
+    assert!(stderr(&after).contains("unknown or revoked token"), "{}", stderr(&after));
+    let again = run(&master, &["token", "revoke", &id]);
+    assert!(!again.status.success() && stderr(&again).contains(&id), "{}", stderr(&again));
+
+    let scoped_admin = run(&master, &["token", "create", "--role", "admin", "--prefix", "/d"]);
+    assert!(!scoped_admin.status.success());
+    assert!(stderr(&scoped_admin).contains("only reader and writer"), "{}", stderr(&scoped_admin));
+    let bad_role = run(&master, &["token", "create", "--role", "root"]);
+    assert!(!bad_role.status.success() && stderr(&bad_role).contains("unknown role"), "{}", stderr(&bad_role));
+}
+
+fn reader_id(tokens: &serde_json::Value, name: &str) -> String {
+    let t = tokens.as_array().unwrap().iter().find(|t| t["name"] == name).expect("the token is listed");
+    assert_eq!((t["role"].as_str(), t["prefix"].as_str()), (Some("reader"), Some("/d/a")));
+    t["id"].as_str().unwrap().to_string()
 }

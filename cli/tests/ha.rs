@@ -163,9 +163,35 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(out)
 }
 
+/// The cluster's tokens for these tests: files made once, handed to every master as its
+/// bootstrap tokens (as a Kubernetes Secret would be), to workers (`worker_token_file`) and to
+/// client commands (`admin_token_file`).
+fn token_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["admin.token", "worker.token"] {
+            strata_security::token::read_or_create_token_file(&dir.path().join(name)).unwrap();
+        }
+        dir
+    })
+    .path()
+}
+
+fn admin_token_file() -> std::path::PathBuf {
+    token_dir().join("admin.token")
+}
+
+fn worker_token_file() -> std::path::PathBuf {
+    token_dir().join("worker.token")
+}
+
 fn strata() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
-    c.env_remove("STRATA_MASTER").env("RUST_LOG", "warn");
+    c.env_remove("STRATA_MASTER")
+        .env("STRATA_TOKEN_FILE", admin_token_file())
+        .env("STRATA_MASTER_ADMIN_TOKEN_FILE", admin_token_file())
+        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file()).env("RUST_LOG", "warn");
     c
 }
 
@@ -200,6 +226,8 @@ fn start_master(dir: &Path, meta: &str) -> Master {
 fn start_worker(dir: &Path, masters: &str) -> Proc {
     let child = strata()
         .args(["--master", masters, "worker", "--data-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--token-file")
+        .arg(worker_token_file())
         .args(["--http-addr", "127.0.0.1:0", "--memory", "256MiB", "--nvme", "256MiB", "--data-dir"])
         .arg(dir)
         .stdout(Stdio::null())

@@ -13,9 +13,35 @@ use std::time::{Duration, Instant};
 use strata_testkit::pattern;
 use strata_testkit::strata_client::{Client, ClientConfig};
 
+/// The cluster's tokens for these tests: files made once, handed to every master as its
+/// bootstrap tokens (as a Kubernetes Secret would be), to workers (`worker_token_file`) and to
+/// client commands (`admin_token_file`).
+fn token_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["admin.token", "worker.token"] {
+            strata_security::token::read_or_create_token_file(&dir.path().join(name)).unwrap();
+        }
+        dir
+    })
+    .path()
+}
+
+fn admin_token_file() -> std::path::PathBuf {
+    token_dir().join("admin.token")
+}
+
+fn worker_token_file() -> std::path::PathBuf {
+    token_dir().join("worker.token")
+}
+
 fn strata() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
     c.env_remove("STRATA_MASTER")
+        .env("STRATA_TOKEN_FILE", admin_token_file())
+        .env("STRATA_MASTER_ADMIN_TOKEN_FILE", admin_token_file())
+        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file())
         .env_remove("STRATA_SIDECAR_SOCKET")
         .env_remove("STRATA_WORKERS")
         .env_remove("STRATA_MASTER_OUTAGE_GRACE")
@@ -97,6 +123,8 @@ fn start(ufs: &Path) -> Split {
             "64MiB",
             "--nvme",
             "256MiB",
+            "--token-file",
+            &worker_token_file().display().to_string(),
         ],
         " serving data on ",
     );
@@ -112,6 +140,9 @@ fn start(ufs: &Path) -> Split {
 
 fn config(split: &Split, grace: Duration) -> ClientConfig {
     let mut c = ClientConfig::new(split.master_addr.clone());
+    c.token = Some(strata_testkit::strata_client::Token(
+        strata_security::token::read_token_file(&admin_token_file()).unwrap(),
+    ));
     c.sidecar_socket = None;
     c.workers = Vec::new();
     c.master_outage_grace = grace;
@@ -282,6 +313,8 @@ fn a_new_process_starts_from_the_sidecars_view_while_the_master_is_stopped() {
             "64MiB",
             "--nvme",
             "0",
+            "--token-file",
+            &worker_token_file().display().to_string(),
         ],
         "sidecar serving data on ",
     );

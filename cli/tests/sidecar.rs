@@ -28,9 +28,12 @@ impl Drop for Sidecar {
     }
 }
 
-fn start_sidecar(master: &str, socket: &Path, dir: &Path) -> Sidecar {
+/// A sidecar process presenting the worker token in `token_file`.
+fn start_sidecar(master: &str, socket: &Path, dir: &Path, token_file: &Path) -> Sidecar {
     let mut child = strata()
         .args(["--master", master, "worker", "--sidecar", "--http-addr", "127.0.0.1:0"])
+        .arg("--token-file")
+        .arg(token_file)
         .args(["--memory", "64MiB", "--nvme", "0"])
         .arg("--socket")
         .arg(socket)
@@ -70,9 +73,11 @@ fn metric(http: &str, name: &str) -> f64 {
 }
 
 /// `strata cat PATH` in a child process with the sidecar socket in its environment.
-async fn cat(master: &str, socket: &Path, path: &str) -> Vec<u8> {
+async fn cat(master: &str, token_file: &Path, socket: &Path, path: &str) -> Vec<u8> {
     let mut cmd = strata();
-    cmd.args(["--master", master, "cat", path]).env("STRATA_SIDECAR_SOCKET", socket);
+    cmd.args(["--master", master, "cat", path])
+        .env("STRATA_SIDECAR_SOCKET", socket)
+        .env("STRATA_TOKEN_FILE", token_file);
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
     assert!(out.status.success(), "cat failed: {}", String::from_utf8_lossy(&out.stderr));
     out.stdout
@@ -90,21 +95,22 @@ async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_ti
     cluster.write_file("train/shard-0.bin", &data);
     cluster.write_file("train/shard-1.bin", &pattern(300_000, 8));
     let master = cluster.master_addr();
+    let admin = cluster.admin_token_file().expect("auth on");
     let tmp = tempfile::tempdir().unwrap();
     let socket: PathBuf = tmp.path().join("run/strata.sock");
 
     // No sidecar at the configured socket: the client falls back to the cluster over TCP.
-    let direct = cat(&master, &socket, "/data/train/shard-1.bin").await;
+    let direct = cat(&master, &admin, &socket, "/data/train/shard-1.bin").await;
     assert!(direct == pattern(300_000, 8), "fallback read returned other bytes");
     let served_before = served_by_cluster(&cluster, &[0, 1]);
     assert_eq!(served_before, 300_000);
 
-    let sidecar = start_sidecar(&master, &socket, &tmp.path().join("sidecar"));
+    let sidecar = start_sidecar(&master, &socket, &tmp.path().join("sidecar"), &cluster.worker_token_file().unwrap());
     assert!(socket.exists());
 
     // First read: every block misses the sidecar, which fetches it once from its cluster owner
     // (not the UFS), keeps it, and serves it over the socket.
-    let first = cat(&master, &socket, "/data/train/shard-0.bin").await;
+    let first = cat(&master, &admin, &socket, "/data/train/shard-0.bin").await;
     assert!(first == data, "first read through the sidecar returned other bytes");
     assert_eq!(metric(&sidecar.http, "strata_worker_upstream_reads_total"), 6.0);
     assert_eq!(metric(&sidecar.http, "strata_worker_ufs_reads_total"), 0.0);
@@ -117,7 +123,7 @@ async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_ti
     // only come from the sidecar's own tier.
     cluster.kill_worker(0).await;
     cluster.kill_worker(1).await;
-    let second = cat(&master, &socket, "/data/train/shard-0.bin").await;
+    let second = cat(&master, &admin, &socket, "/data/train/shard-0.bin").await;
     assert!(second == data, "second read through the sidecar returned other bytes");
     assert_eq!(metric(&sidecar.http, "strata_worker_cache_hits_total"), 6.0);
     assert_eq!(metric(&sidecar.http, "strata_worker_upstream_reads_total"), 6.0);
@@ -126,7 +132,7 @@ async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_ti
 
     // A block the sidecar does not hold while the cluster cannot serve: the sidecar reads the
     // UFS itself.
-    let other = cat(&master, &socket, "/data/train/shard-1.bin").await;
+    let other = cat(&master, &admin, &socket, "/data/train/shard-1.bin").await;
     assert!(other == pattern(300_000, 8), "UFS fallback through the sidecar returned other bytes");
     assert_eq!(metric(&sidecar.http, "strata_worker_upstream_errors_total"), 1.0);
     assert_eq!(metric(&sidecar.http, "strata_worker_ufs_reads_total"), 1.0);

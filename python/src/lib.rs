@@ -59,6 +59,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// current runtime generation (connected on first use in each generation).
 struct Shared {
     master: String,
+    /// The token given to the constructor; `None`: the SDK's default (`STRATA_TOKEN`, ...).
+    token: Option<String>,
     client: Mutex<Option<(u64, strata_client::Client)>>,
 }
 
@@ -94,8 +96,11 @@ impl Shared {
                 if let Some((g, old)) = inherited {
                     process::dispose(g, old);
                 }
-                rt.block_on(strata_client::Client::connect(ClientConfig::new(self.master.clone())))
-                    .map_err(to_py)?
+                let mut config = ClientConfig::new(self.master.clone());
+                if let Some(token) = &self.token {
+                    config.token = Some(strata_client::Token(token.clone()));
+                }
+                rt.block_on(strata_client::Client::connect(config)).map_err(to_py)?
             }
         };
         *slot = Some((generation, client.clone()));
@@ -185,10 +190,14 @@ struct Client {
 
 #[pymethods]
 impl Client {
-    /// Connects at once, so a wrong address fails here.
+    /// Connects at once, so a wrong address (or a refused token) fails here. `token`: the
+    /// token to present; default `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else
+    /// a standalone's `<STRATA_DIR or .strata>/admin.token`.
     #[new]
-    fn new(py: Python<'_>, master: String) -> PyResult<Self> {
-        let shared = Arc::new(Shared { master, client: Mutex::new(None) });
+    #[pyo3(signature = (master, token=None))]
+    fn new(py: Python<'_>, master: String, token: Option<String>) -> PyResult<Self> {
+        let token = token.filter(|t| !t.is_empty());
+        let shared = Arc::new(Shared { master, token, client: Mutex::new(None) });
         py.detach(|| shared.run(|_, _, _| Ok(())))?;
         Ok(Self { shared })
     }

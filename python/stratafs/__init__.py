@@ -30,7 +30,9 @@ class StrataFileSystem(AbstractFileSystem):
 
     ``master`` is the master's ``host:port``, or the masters of a highly available cluster as a
     comma-separated list (calls follow the leader); it defaults to ``$STRATA_MASTER``, then
-    ``127.0.0.1:19998`` (as for the ``strata`` CLI).
+    ``127.0.0.1:19998`` (as for the ``strata`` CLI). ``token`` is the token to present (see
+    docs/SECURITY.md); it defaults to ``$STRATA_TOKEN``, then the file ``$STRATA_TOKEN_FILE``
+    names, then a standalone's ``.strata/admin.token`` (under ``$STRATA_DIR`` when set).
 
     The instance may be created before ``fork`` (PyTorch DataLoader workers, multiprocessing
     pools) and used in the children: each process builds its own runtime and connections on
@@ -43,11 +45,11 @@ class StrataFileSystem(AbstractFileSystem):
     # writes; fsspec's own listings cache would keep stale entries longer.
     cachable = True
 
-    def __init__(self, master: str | None = None, **kwargs: Any):
+    def __init__(self, master: str | None = None, token: str | None = None, **kwargs: Any):
         kwargs.pop("use_listings_cache", None)
         super().__init__(use_listings_cache=False, **kwargs)
         self.master = master or os.environ.get("STRATA_MASTER") or DEFAULT_MASTER
-        self._client = _native.Client(self.master)
+        self._client = _native.Client(self.master, token)
 
     # ---- paths ----
 

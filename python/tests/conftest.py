@@ -44,6 +44,8 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         self.master = self._start_standalone()
+        # The standalone wrote its admin token (clients) and the workers' token at start.
+        self.token_file = self.dir / "state" / "admin.token"
         self._start_worker()
         self.cli("mount", "add", "/data", f"file://{self.data}", "-o", "mode=write-through",
                  "-o", "block_size=1MiB", "-o", "metadata_ttl=60s")
@@ -91,7 +93,8 @@ class Cluster:
     def _start_worker(self):
         self._spawn("worker2", "--master", self.master, "worker", "--data-addr", "127.0.0.1:0",
                     "--http-addr", "127.0.0.1:0", "--data-dir", str(self.dir / "worker2"),
-                    "--memory", "256MiB", "--nvme", "1GiB")
+                    "--memory", "256MiB", "--nvme", "1GiB",
+                    "--token-file", str(self.dir / "state" / "master" / "worker.token"))
         deadline = time.time() + 60
         while time.time() < deadline:
             status = json.loads(self.cli("status", "--json"))
@@ -101,8 +104,9 @@ class Cluster:
         raise RuntimeError("the second worker did not join")
 
     def cli(self, *args) -> str:
+        env = dict(os.environ, STRATA_TOKEN_FILE=str(self.token_file))
         out = subprocess.run([self.bin, "--master", self.master, *args], capture_output=True, text=True,
-                             timeout=60)
+                             timeout=60, env=env)
         if out.returncode != 0:
             raise RuntimeError(f"strata {' '.join(args)}: {out.stderr}")
         return out.stdout
@@ -124,6 +128,8 @@ class Cluster:
 def cluster():
     c = Cluster()
     os.environ["STRATA_MASTER"] = c.master
+    # Every client of the tests (and the processes they fork or spawn) presents the admin token.
+    os.environ["STRATA_TOKEN_FILE"] = str(c.token_file)
     yield c
     c.stop()
 

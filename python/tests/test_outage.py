@@ -37,9 +37,12 @@ class Split:
             ["master", "--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
              "--data-dir", str(self.dir / "master")], r"master listening on (\S+)")
         self.master = line
+        # The master wrote its tokens at start: clients present the admin one, the worker its own.
+        self.token = (self.dir / "master" / "admin.token").read_text().strip()
         _, self.worker = self._spawn(
             ["--master", self.master, "worker", "--data-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-             "--data-dir", str(self.dir / "worker"), "--memory", "64MiB", "--nvme", "256MiB"],
+             "--data-dir", str(self.dir / "worker"), "--memory", "64MiB", "--nvme", "256MiB",
+             "--token-file", str(self.dir / "master" / "worker.token")],
             r"worker \S+ serving data on (\S+)")
         self.cli("mount", "add", "/out", f"file://{self.ufs}", "-o", "block_size=1MiB", "-o", "metadata_ttl=1s")
 
@@ -60,7 +63,9 @@ class Split:
         raise RuntimeError(f"strata {args[0]} did not start")
 
     def cli(self, *args):
-        out = subprocess.run([_bin(), "--master", self.master, *args], capture_output=True, text=True, timeout=60)
+        env = dict(os.environ, STRATA_TOKEN=self.token)
+        out = subprocess.run([_bin(), "--master", self.master, *args], capture_output=True, text=True, timeout=60,
+                             env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -98,7 +103,7 @@ def test_cat_and_ls_work_with_the_master_stopped(split):
     (split.ufs / "d").mkdir()
     (split.ufs / "d" / "a.bin").write_bytes(data)
     (split.ufs / "d" / "b.txt").write_bytes(b"small")
-    fs = fsspec.filesystem("strata", master=split.master, skip_instance_cache=True)
+    fs = fsspec.filesystem("strata", master=split.master, token=split.token, skip_instance_cache=True)
     assert fs.cat("/out/d/a.bin") == data
     names = sorted(fs.ls("/out/d", detail=False))
     assert len(names) == 2
@@ -106,7 +111,8 @@ def test_cat_and_ls_work_with_the_master_stopped(split):
     deadline = time.time() + 10
     while True:
         probe = subprocess.run([sys.executable, "-c", NEW_PROCESS, "127.0.0.1:1", "/out/d/b.txt"],
-                               env=dict(os.environ, STRATA_WORKERS=split.worker), capture_output=True, timeout=60)
+                               env=dict(os.environ, STRATA_WORKERS=split.worker, STRATA_TOKEN=split.token),
+                               capture_output=True, timeout=60)
         if probe.returncode == 0:
             break
         assert time.time() < deadline, probe.stderr.decode()
@@ -124,7 +130,8 @@ def test_cat_and_ls_work_with_the_master_stopped(split):
         assert counters["stale_stats"] >= 3 and counters["stale_listings"] >= 3, counters
 
         new = subprocess.run([sys.executable, "-c", NEW_PROCESS, split.master, "/out/d/a.bin"],
-                             env=dict(os.environ, STRATA_WORKERS=split.worker), capture_output=True, timeout=60)
+                             env=dict(os.environ, STRATA_WORKERS=split.worker, STRATA_TOKEN=split.token),
+                               capture_output=True, timeout=60)
         assert new.returncode == 0, new.stderr.decode()
         assert new.stdout == data
         assert "'started_from_worker': 1" in new.stderr.decode()

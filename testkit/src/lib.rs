@@ -157,6 +157,27 @@ impl Cluster {
         self.master_config.auth.then(|| read_token(&self.master_config.token_files().worker_file))
     }
 
+    /// A raw data-plane connection to `addr` that has presented the admin token (when auth is
+    /// on): for tests that speak frames themselves.
+    pub async fn dial(&self, addr: impl tokio::net::ToSocketAddrs) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the worker");
+        if let Some(token) = self.admin_token() {
+            s.write_all(&strata_common::frame::auth_request(&token)).await.expect("auth frame");
+        }
+        s
+    }
+
+    /// The file holding the admin token; `None` with `auth: false`.
+    pub fn admin_token_file(&self) -> Option<PathBuf> {
+        self.master_config.auth.then(|| self.master_config.token_files().admin_file)
+    }
+
+    /// The file holding the workers' token; `None` with `auth: false`.
+    pub fn worker_token_file(&self) -> Option<PathBuf> {
+        self.master_config.auth.then(|| self.master_config.token_files().worker_file)
+    }
+
     /// A client presenting `token` (or none).
     pub async fn client_with_token(&self, token: Option<&str>) -> Result<Client, strata_client::ClientError> {
         let mut c = self.client_config();
@@ -216,12 +237,26 @@ impl Cluster {
         }
     }
 
+    /// Stops worker `i` cleanly and starts it again (same id, NVMe tier and, port 0, a new data
+    /// port); returns once the master lists it at its new address, so a client's next view has it.
     pub async fn restart_worker(&mut self, i: usize) {
         if let Some(w) = self.workers[i].take() {
             w.shutdown().await;
         }
         let w = self.spawn_worker(i).await;
+        let (id, port) = (w.worker_id.clone(), w.data_addr.port());
         self.workers[i] = Some(w);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(client) = Client::connect(self.client_config()).await
+                && let Ok(status) = client.status().await
+                && status.workers.iter().any(|w| w.id == id && w.live && w.data_addr.ends_with(&format!(":{port}")))
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for worker {id} to register again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub async fn stop_master(&mut self) {

@@ -523,7 +523,7 @@ mod raw_frames {
         };
 
         // Garbage: an error frame, then the connection is closed.
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = cluster.dial(addr).await;
         s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
         let (h, msg) = response(&mut s).await;
         assert_eq!(h.status, Err(ErrorKind::BadFrame));
@@ -532,7 +532,7 @@ mod raw_frames {
         assert_eq!(s.read_to_end(&mut rest).await.unwrap(), 0, "connection closed");
 
         // A truncated body inside a well-formed header.
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = cluster.dial(addr).await;
         let mut frame = good.encode();
         let body_len = (frame.len() - 12) as u32 - 5;
         frame[8..12].copy_from_slice(&body_len.to_le_bytes());
@@ -542,7 +542,7 @@ mod raw_frames {
         assert_eq!(h.status, Err(ErrorKind::BadFrame));
 
         // Well-formed but wrong requests: error frames, the connection stays usable.
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = cluster.dial(addr).await;
         for (bad, kind) in [
             (ReadBlockRequest { len: 0, ..good.clone() }, ErrorKind::InvalidArgument),
             (ReadBlockRequest { len: u64::MAX, ..good.clone() }, ErrorKind::InvalidArgument),

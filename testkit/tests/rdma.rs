@@ -184,7 +184,7 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     let addr = w.data_addr.to_string();
 
     let req = request(&info, 1, 1000, 5000);
-    let mut control = TcpStream::connect(&addr).await.unwrap();
+    let mut control = cluster.dial(&addr).await;
     let grant = open_grant(&mut control, &req).await.unwrap();
     assert_eq!(grant.len, 5000);
     let (region, rkey) = rdma_handle(&grant);
@@ -217,7 +217,7 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
 
     // Expired: refused without a release; the next grant sweeps it.
     let short_addr = short.data_addr.to_string();
-    let mut control = TcpStream::connect(&short_addr).await.unwrap();
+    let mut control = cluster.dial(&short_addr).await;
     let old = open_grant(&mut control, &req).await.unwrap();
     assert_eq!(old.ttl_ms, 100);
     let (old_region, old_rkey) = rdma_handle(&old);
@@ -263,7 +263,7 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
 
     // Lease limit reached (someone holds the only grant): TCP.
     let limited_addr = limited.data_addr.to_string();
-    let mut holder = TcpStream::connect(&limited_addr).await.unwrap();
+    let mut holder = cluster.dial(&limited_addr).await;
     let held = open_grant(&mut holder, &req).await.unwrap();
     let t = transport(&cluster);
     let (got, _) = t.read_block(&limited_addr, &req).await.unwrap();
@@ -360,13 +360,13 @@ async fn queue_pair_setup_is_refused_without_a_device_and_bad_endpoints_close_th
     let endpoint = RdmaEndpoint { qp_num: 7, lid: 1, gid: None };
     // Emulated memory has no queue pairs; a worker with RDMA off has none either.
     for addr in [w.data_addr, cluster.worker(0).data_addr] {
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = cluster.dial(addr).await;
         s.write_all(&endpoint.encode_request()).await.unwrap();
         let (head, msg) = response(&mut s).await;
         assert_eq!(head.status, Err(ErrorKind::Unavailable), "{}", String::from_utf8_lossy(&msg));
     }
     // A malformed endpoint is a bad frame, and the connection is closed.
-    let mut s = TcpStream::connect(w.data_addr).await.unwrap();
+    let mut s = cluster.dial(w.data_addr).await;
     let mut frame = endpoint.encode_request();
     frame[REQUEST_HEADER_LEN + 6] = 9;
     s.write_all(&frame).await.unwrap();

@@ -455,6 +455,9 @@ async fn bad_open_blocks_get_error_frames_and_unreleased_leases_expire() {
         len: 1000,
     };
     let mut stream = UnixStream::connect(&sidecar.socket_path).await.unwrap();
+    if let Some(token) = cluster.admin_token() {
+        stream.write_all(&strata_common::frame::auth_request(&token)).await.unwrap();
+    }
 
     // Well-framed but wrong: an error frame, and the connection stays usable.
     let outside = ReadBlockRequest { offset: MIB as u64 - 10, len: 11, ..req.clone() };

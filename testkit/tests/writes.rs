@@ -90,7 +90,7 @@ async fn a_read_only_mount_refuses_every_write() {
 async fn a_malformed_frame_inside_a_write_aborts_it() {
     let cluster = Cluster::start(ClusterOptions { workers: 1, ..writable() }).await;
     cluster.write_file("old.bin", b"old");
-    let mut s = tokio::net::TcpStream::connect(cluster.worker(0).data_addr).await.unwrap();
+    let mut s = cluster.dial(cluster.worker(0).data_addr).await;
     s.write_all(&WriteBegin { req_id: 5, path: "/data/old.bin".into() }.encode()).await.unwrap();
     let mut head = [0u8; RESPONSE_HEADER_LEN];
     s.read_exact(&mut head).await.unwrap();
