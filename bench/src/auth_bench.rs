@@ -105,7 +105,9 @@ async fn main() {
             let conns = connections_per_second(c, &args).await;
             let calls = calls_per_second(c, &args).await;
             let label = if c.admin_token().is_some() { "tokens" } else { "off" };
-            println!("round {round} auth {label:>6}: {conns:>8.0} connections/s  {calls:>8.0} status calls/s");
+            println!(
+                "round {round} auth {label:>6}: {conns:>8.0} connections/s  {calls:>8.0} status calls/s"
+            );
             if c.admin_token().is_some() {
                 on.push(conns);
                 calls_on.push(calls);

@@ -164,12 +164,7 @@ struct Rate {
 
 /// `Stat` of random cached paths (or, with `stat` false, `ListMounts`) from `args.callers`
 /// concurrent callers for `args.seconds`.
-async fn rate(
-    channels: &[Conn],
-    args: &Args,
-    paths: Arc<Vec<String>>,
-    stat: bool,
-) -> anyhow::Result<Rate> {
+async fn rate(channels: &[Conn], args: &Args, paths: Arc<Vec<String>>, stat: bool) -> anyhow::Result<Rate> {
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let t = Instant::now();
     let mut callers = Vec::new();

@@ -34,8 +34,8 @@ use crate::config::MasterConfig;
 use crate::rpc::Rpc;
 use crate::runner::JobRunner;
 use crate::start::{
-    MasterError, MasterService, bind_rpc, build_parts, load_state, master_service, resume_jobs, spawn_jobs_tick,
-    spawn_liveness_tick,
+    MasterError, MasterService, bind_rpc, build_parts, load_state, master_service, resume_jobs,
+    spawn_jobs_tick, spawn_liveness_tick,
 };
 use crate::store::MetaStore;
 use crate::store::etcd::{Etcd, EtcdStore, Role};

@@ -9,8 +9,15 @@
 //!
 //! Until it has learnt the table a worker serves nobody (`unavailable`, so a client tries
 //! another worker): it cannot tell whether the cluster requires tokens.
+//!
+//! A token the table does not know may be one created a moment ago: before refusing it, the
+//! worker asks the master for the table again — at most once per [`UNKNOWN_REFRESH_EVERY`], so
+//! a peer presenting garbage cannot make it call the master per connection.
 
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 
 use strata_common::ErrorKind;
 use strata_security::token::{self, Access, Identity, TokenTable};
@@ -26,9 +33,18 @@ pub struct Table {
 /// A refused request: the kind and message of its error frame.
 pub type Refused = (ErrorKind, String);
 
+/// Least time between two table fetches caused by unknown tokens.
+pub const UNKNOWN_REFRESH_EVERY: Duration = Duration::from_millis(500);
+
+/// Fetches the table from the master and [`PeerAuth::set`]s it.
+pub type Refresher = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
 /// The data plane's token check.
 pub struct PeerAuth {
     table: RwLock<Option<Arc<Table>>>,
+    refresher: RwLock<Option<Arc<Refresher>>>,
+    /// When an unknown token last made this worker fetch the table (one fetch at a time).
+    last_unknown_refresh: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// Who a connection proved to be (its `Auth` frame), and against which table.
@@ -46,7 +62,16 @@ struct Proven {
 impl PeerAuth {
     /// A worker that has not learnt the tokens yet.
     pub fn unknown() -> Self {
-        Self { table: RwLock::new(None) }
+        Self {
+            table: RwLock::new(None),
+            refresher: RwLock::new(None),
+            last_unknown_refresh: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// How to fetch the table again when a token is unknown.
+    pub fn set_refresher(&self, refresher: Refresher) {
+        *self.refresher.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(refresher));
     }
 
     /// Every peer admitted (authentication off): for tests that run a data plane without a
@@ -70,8 +95,38 @@ impl PeerAuth {
         self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// A connection's `Auth` frame: the session it opens, or why not.
-    pub fn authenticate(&self, token: &str) -> Result<Session, Refused> {
+    /// A connection's `Auth` frame: the session it opens, or why not. A token the table does
+    /// not know (or a table not learnt yet) makes the worker fetch the table once before it
+    /// refuses (rate-limited, see the module).
+    pub async fn authenticate(&self, token: &str) -> Result<Session, Refused> {
+        match self.authenticate_now(token) {
+            Err((ErrorKind::Unauthenticated | ErrorKind::Unavailable, _))
+                if self.refresh_for_unknown().await =>
+            {
+                self.authenticate_now(token)
+            }
+            other => other,
+        }
+    }
+
+    /// Fetches the table again unless one was fetched for an unknown token recently; whether it
+    /// did.
+    async fn refresh_for_unknown(&self) -> bool {
+        let Some(refresher) = self.refresher.read().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return false;
+        };
+        let mut last = self.last_unknown_refresh.lock().await;
+        if last.is_some_and(|t| t.elapsed() < UNKNOWN_REFRESH_EVERY) {
+            // Another connection just fetched it (while this one waited for the lock): the
+            // table is as fresh as it gets.
+            return true;
+        }
+        refresher().await;
+        *last = Some(Instant::now());
+        true
+    }
+
+    fn authenticate_now(&self, token: &str) -> Result<Session, Refused> {
         let table = self.current().ok_or_else(not_learnt)?;
         if !table.enabled {
             return Ok(Session::default());
@@ -116,7 +171,10 @@ impl PeerAuth {
 }
 
 fn not_learnt() -> Refused {
-    (ErrorKind::Unavailable, "this worker has not learnt the cluster's tokens from the master yet".to_string())
+    (
+        ErrorKind::Unavailable,
+        "this worker has not learnt the cluster's tokens from the master yet".to_string(),
+    )
 }
 
 #[cfg(test)]
@@ -133,10 +191,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sessions_follow_the_table_and_its_revocations() {
+    #[tokio::test]
+    async fn sessions_follow_the_table_and_its_revocations() {
         let auth = PeerAuth::unknown();
-        assert_eq!(auth.authenticate("x").err().map(|e| e.0), Some(ErrorKind::Unavailable));
+        assert_eq!(auth.authenticate("x").await.err().map(|e| e.0), Some(ErrorKind::Unavailable));
         let reader = generate();
         let reader_rec = TokenRecord::new(&reader, Role::Reader, Some("/a"), "", 0).unwrap();
         let writer = generate();
@@ -146,14 +204,23 @@ mod tests {
         let mut none = Session::default();
         let refused = auth.check(&mut none, Access::Read, Some("/a/f")).unwrap_err();
         assert_eq!(refused.0, ErrorKind::Unauthenticated);
-        assert_eq!(auth.authenticate(&generate()).err().map(|e| e.0), Some(ErrorKind::Unauthenticated));
+        assert_eq!(auth.authenticate(&generate()).await.err().map(|e| e.0), Some(ErrorKind::Unauthenticated));
 
-        let mut r = auth.authenticate(&reader).unwrap();
+        let mut r = auth.authenticate(&reader).await.unwrap();
         auth.check(&mut r, Access::Read, Some("/a/f")).unwrap();
-        assert_eq!(auth.check(&mut r, Access::Read, Some("/b/f")).unwrap_err().0, ErrorKind::PermissionDenied);
-        assert_eq!(auth.check(&mut r, Access::Write, Some("/a/f")).unwrap_err().0, ErrorKind::PermissionDenied);
-        assert_eq!(auth.check(&mut r, Access::Read, Some("/a/../b")).unwrap_err().0, ErrorKind::InvalidArgument);
-        let mut w = auth.authenticate(&writer).unwrap();
+        assert_eq!(
+            auth.check(&mut r, Access::Read, Some("/b/f")).unwrap_err().0,
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            auth.check(&mut r, Access::Write, Some("/a/f")).unwrap_err().0,
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            auth.check(&mut r, Access::Read, Some("/a/../b")).unwrap_err().0,
+            ErrorKind::InvalidArgument
+        );
+        let mut w = auth.authenticate(&writer).await.unwrap();
         auth.check(&mut w, Access::Write, Some("/b/f")).unwrap();
 
         // The reader's token is revoked: its open session stops working.
@@ -164,5 +231,30 @@ mod tests {
         // Authentication off: everyone, even without an Auth frame.
         auth.set(Table { epoch: 3, enabled: false, tokens: TokenTable::default() });
         auth.check(&mut Session::default(), Access::Write, Some("/x")).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unknown_token_fetches_the_table_once_before_it_is_refused() {
+        let auth = Arc::new(PeerAuth::unknown());
+        auth.set(table(1, &[]));
+        let fresh = generate();
+        let record = TokenRecord::new(&fresh, Role::Reader, None, "", 0).unwrap();
+        let fetches = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (a, f, r) = (auth.clone(), fetches.clone(), record.clone());
+        auth.set_refresher(Box::new(move || {
+            let (a, f, r) = (a.clone(), f.clone(), r.clone());
+            Box::pin(async move {
+                f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                a.set(table(2, &[&r]));
+            })
+        }));
+        // Created a moment ago: the first connection that presents it fetches the table.
+        auth.authenticate(&fresh).await.unwrap();
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Garbage does not make the worker call the master per connection.
+        for _ in 0..20 {
+            assert!(auth.authenticate(&generate()).await.is_err());
+        }
+        assert!(fetches.load(std::sync::atomic::Ordering::SeqCst) <= 2, "rate-limited");
     }
 }

@@ -24,11 +24,11 @@ use std::time::Instant;
 
 use strata_common::ErrorKind;
 use strata_common::fdpass::write_all_with_fd;
-use strata_security::token::Access;
 use strata_common::frame::{
     self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
     RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, StatRequest, decode_request_header,
 };
+use strata_security::token::Access;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -252,11 +252,12 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
         }
         let decoded = decode_request_header(&header);
         if let Ok((frame::Op::Auth, len)) = decoded {
-            let Some(token) = read_body(&mut stream, len, |b| frame::decode_auth_body(b).map(str::to_string)).await?
+            let Some(token) =
+                read_body(&mut stream, len, |b| frame::decode_auth_body(b).map(str::to_string)).await?
             else {
                 return Ok(());
             };
-            match plane.auth.authenticate(&token) {
+            match plane.auth.authenticate(&token).await {
                 Ok(s) => session = s,
                 Err(refused) => return refuse(&mut stream, refused).await,
             }
@@ -287,7 +288,9 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                 if let Some(open) = read_body(&mut stream, len, OpenBlock::decode_body).await? {
                     match plane.auth.check(&mut session, Access::Read, Some(&open.read.path)) {
                         Ok(()) => serve_open(&mut stream, &plane, &open).await?,
-                        Err((kind, message)) => send_error(&mut stream, open.read.req_id, kind, &message).await?,
+                        Err((kind, message)) => {
+                            send_error(&mut stream, open.read.req_id, kind, &message).await?
+                        }
                     }
                 }
             }
@@ -323,7 +326,9 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             }
             Ok((frame::Op::Stat, len)) => {
                 if let Some(req) = read_body(&mut stream, len, StatRequest::decode_body).await? {
-                    if let Err((kind, message)) = plane.auth.check(&mut session, Access::Read, Some(&req.path)) {
+                    if let Err((kind, message)) =
+                        plane.auth.check(&mut session, Access::Read, Some(&req.path))
+                    {
                         send_error(&mut stream, req.req_id, kind, &message).await?;
                         continue;
                     }

@@ -215,6 +215,7 @@ impl Worker {
         let cancel = CancellationToken::new();
         let view = Arc::new(view::LastView::default());
         let auth = Arc::new(auth::PeerAuth::unknown());
+        master_link::learn_tokens(&master, &worker_id, &auth).await;
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),

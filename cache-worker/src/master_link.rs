@@ -106,13 +106,38 @@ pub async fn refresh_tokens(client: &MasterConn, worker_id: &str, auth: &PeerAut
                 Some((t.hash, TokenIdentity { id: t.id, role, prefix }))
             });
             let tokens = TokenTable::new(entries);
-            info!(epoch = answer.epoch, tokens = tokens.len(), enabled = answer.auth_enabled, "learnt the cluster's tokens");
+            info!(
+                epoch = answer.epoch,
+                tokens = tokens.len(),
+                enabled = answer.auth_enabled,
+                "learnt the cluster's tokens"
+            );
             auth.set(Table { epoch: answer.epoch, enabled: answer.auth_enabled, tokens });
         }
         Err(status) => {
             warn!(err = %status.message(), "cannot fetch the cluster's tokens; keeping the last ones")
         }
     }
+}
+
+/// How long a starting worker waits for the master's token table before it serves anyway (and
+/// refuses everyone until it learns it).
+const FIRST_TOKENS_WAIT: Duration = Duration::from_secs(3);
+
+/// At start: fetches the token table (bounded by [`FIRST_TOKENS_WAIT`]), and lets the data plane
+/// fetch it again when a peer presents a token it does not know (created a moment ago).
+pub async fn learn_tokens(client: &MasterConn, worker_id: &str, auth: &Arc<PeerAuth>) {
+    let _ = tokio::time::timeout(FIRST_TOKENS_WAIT, refresh_tokens(client, worker_id, auth)).await;
+    let (client, worker_id, weak) = (client.clone(), worker_id.to_string(), Arc::downgrade(auth));
+    auth.set_refresher(Box::new(move || {
+        let (client, worker_id, weak) = (client.clone(), worker_id.clone(), weak.clone());
+        Box::pin(async move {
+            if let Some(auth) = weak.upgrade() {
+                let _ =
+                    tokio::time::timeout(FIRST_TOKENS_WAIT, refresh_tokens(&client, &worker_id, &auth)).await;
+            }
+        })
+    }));
 }
 
 /// Whether the view is older than the epochs the master just announced.

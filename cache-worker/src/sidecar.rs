@@ -88,7 +88,7 @@ pub async fn start_with_clock(
     let view = Arc::new(crate::view::LastView::default());
     master_link::refresh_view(&master, &view, &clock).await;
     let auth = Arc::new(crate::auth::PeerAuth::unknown());
-    master_link::refresh_tokens(&master, &worker_id, &auth).await;
+    master_link::learn_tokens(&master, &worker_id, &auth).await;
 
     let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
     // A socket file left by an earlier container of this pod would make bind fail.

@@ -96,7 +96,8 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize()?;
     let factory = Arc::new(OpendalFactory);
-    let admin_token_file = dir.join(strata_security::token::ADMIN_TOKEN_FILE);
+    let admin_token_file =
+        args.admin_token_file.clone().unwrap_or_else(|| dir.join(strata_security::token::ADMIN_TOKEN_FILE));
     let master_cfg = MasterConfig {
         rpc_addr,
         http_addr: (rpc_addr.ip(), 0).into(),
@@ -161,7 +162,10 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     if args.no_auth {
         println!("  auth     off (--no-auth): anyone who reaches these ports can use them");
     } else {
-        println!("  auth     admin token in {} (the CLI finds it there when run from this directory)", admin_token_file.display());
+        println!(
+            "  auth     admin token in {} (the CLI finds it there when run from this directory)",
+            admin_token_file.display()
+        );
     }
     for m in &mounts {
         println!("  mount    {} -> {}", m.path, m.uri);
@@ -216,13 +220,17 @@ async fn worker(target: &Target, args: WorkerArgs) -> Result<()> {
     // --token-file, else STRATA_TOKEN / STRATA_TOKEN_FILE, else the config's token_file.
     cfg.token = match &target.token {
         Some(t) => Some(t.clone()),
-        None => match std::env::var(strata_security::token::TOKEN_ENV).ok().filter(|t| !t.trim().is_empty()) {
-            Some(t) => Some(t.trim().to_string()),
-            None => match std::env::var_os(strata_security::token::TOKEN_FILE_ENV).filter(|v| !v.is_empty()) {
-                Some(file) => Some(strata_security::token::read_token_file(Path::new(&file))?),
-                None => None,
-            },
-        },
+        None => {
+            match std::env::var(strata_security::token::TOKEN_ENV).ok().filter(|t| !t.trim().is_empty()) {
+                Some(t) => Some(t.trim().to_string()),
+                None => {
+                    match std::env::var_os(strata_security::token::TOKEN_FILE_ENV).filter(|v| !v.is_empty()) {
+                        Some(file) => Some(strata_security::token::read_token_file(Path::new(&file))?),
+                        None => None,
+                    }
+                }
+            }
+        }
     };
     if let Some(a) = args.data_addr {
         cfg.data_addr = a;
@@ -252,9 +260,10 @@ async fn worker(target: &Target, args: WorkerArgs) -> Result<()> {
     if cfg.sidecar {
         let timeout = std::time::Duration::from_millis(cfg.ufs_timeout_ms);
         let token = cfg.resolve_token()?;
-        let upstream = strata_client::ClusterUpstream::connect(&cfg.master_addr, token, timeout)
-            .await
-            .with_context(|| format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr))?;
+        let upstream =
+            strata_client::ClusterUpstream::connect(&cfg.master_addr, token, timeout).await.with_context(
+                || format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr),
+            )?;
         let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory), Arc::new(upstream)).await?;
         println!("sidecar serving data on unix:{} (http {})", handle.socket_path.display(), handle.http_addr);
         wait_for_shutdown().await?;
@@ -504,7 +513,12 @@ async fn token_command(target: &Target, cmd: TokenCommand) -> Result<()> {
         TokenCommand::Create { role, prefix, name } => {
             let (info, token) = client.create_token(&role, prefix.as_deref().unwrap_or(""), &name).await?;
             let scope = if info.prefix.is_empty() { "all paths".to_string() } else { info.prefix.clone() };
-            outln!("created token {}: role {}, scope {}; shown once, store it now:", info.id, info.role, scope)?;
+            outln!(
+                "created token {}: role {}, scope {}; shown once, store it now:",
+                info.id,
+                info.role,
+                scope
+            )?;
             // Alone on the last line: scripts take `| tail -n1`.
             outln!("{token}")?;
         }
@@ -523,14 +537,20 @@ async fn token_command(target: &Target, cmd: TokenCommand) -> Result<()> {
                     let created = chrono::DateTime::from_timestamp_millis(t.created_ms)
                         .map(|d| d.format("%Y-%m-%d %H:%M:%SZ").to_string())
                         .unwrap_or_default();
-                    let name = if t.file.is_empty() { t.name } else { format!("{} (file {})", t.name, t.file) };
+                    let name =
+                        if t.file.is_empty() { t.name } else { format!("{} (file {})", t.name, t.file) };
                     outln!("{}\t{}\t{}\t{}\t{}", t.id, t.role, scope, name, created)?;
                 }
             }
         }
         TokenCommand::Revoke { id } => {
             let t = client.revoke_token(&id).await?;
-            outln!("revoked token {} ({}{})", t.id, t.role, if t.name.is_empty() { String::new() } else { format!(", {}", t.name) })?;
+            outln!(
+                "revoked token {} ({}{})",
+                t.id,
+                t.role,
+                if t.name.is_empty() { String::new() } else { format!(", {}", t.name) }
+            )?;
         }
     }
     Ok(())

@@ -143,6 +143,10 @@ struct StandaloneArgs {
     /// standalone writes an admin token to <dir>/admin.token (mode 0600), which the CLI finds.
     #[arg(long)]
     no_auth: bool,
+    /// Read the admin token from this file instead (e.g. a Kubernetes Secret); created with a
+    /// new token when it does not exist. Default <dir>/admin.token.
+    #[arg(long, env = "STRATA_MASTER_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
 }
 
 #[derive(Args)]

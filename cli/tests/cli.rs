@@ -319,9 +319,14 @@ fn the_cli_finds_the_standalone_admin_token_by_itself() {
 
     let here = strata().current_dir(cwd.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
     assert!(here.status.success(), "{}", stderr(&here));
-    let away = strata().current_dir(elsewhere.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
+    let away =
+        strata().current_dir(elsewhere.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
     assert!(!away.status.success());
-    assert!(stderr(&away).contains("no token") && stderr(&away).contains("STRATA_TOKEN"), "{}", stderr(&away));
+    assert!(
+        stderr(&away).contains("no token") && stderr(&away).contains("STRATA_TOKEN"),
+        "{}",
+        stderr(&away)
+    );
     let flag = strata()
         .current_dir(elsewhere.path())
         .args(["--master", &master, "--token-file"])
@@ -344,11 +349,15 @@ fn tokens_have_roles_scopes_and_can_be_revoked() {
     let master = format!("127.0.0.1:{}", free_port());
     let _node = start_standalone(state.path(), &master, &format!("/d=file://{}", ufs.path().display()));
 
-    let created = run(&master, &["token", "create", "--role", "reader", "--prefix", "/d/a", "--name", "team a"]);
+    let created =
+        run(&master, &["token", "create", "--role", "reader", "--prefix", "/d/a", "--name", "team a"]);
     assert!(created.status.success(), "{}", stderr(&created));
     let out = String::from_utf8(created.stdout).unwrap();
     let reader = out.lines().last().unwrap().to_string();
-    assert!(reader.starts_with("strata_") && !reader.contains(' '), "the token alone on the last line: {out}");
+    assert!(
+        reader.starts_with("strata_") && !reader.contains(' '),
+        "the token alone on the last line: {out}"
+    );
     let as_reader = |args: &[&str]| {
         strata().env("STRATA_TOKEN", &reader).arg("--master").arg(&master).args(args).output().unwrap()
     };
@@ -380,7 +389,11 @@ fn tokens_have_roles_scopes_and_can_be_revoked() {
     assert!(!scoped_admin.status.success());
     assert!(stderr(&scoped_admin).contains("only reader and writer"), "{}", stderr(&scoped_admin));
     let bad_role = run(&master, &["token", "create", "--role", "root"]);
-    assert!(!bad_role.status.success() && stderr(&bad_role).contains("unknown role"), "{}", stderr(&bad_role));
+    assert!(
+        !bad_role.status.success() && stderr(&bad_role).contains("unknown role"),
+        "{}",
+        stderr(&bad_role)
+    );
 }
 
 fn reader_id(tokens: &serde_json::Value, name: &str) -> String {

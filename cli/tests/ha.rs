@@ -191,7 +191,8 @@ fn strata() -> Command {
     c.env_remove("STRATA_MASTER")
         .env("STRATA_TOKEN_FILE", admin_token_file())
         .env("STRATA_MASTER_ADMIN_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file()).env("RUST_LOG", "warn");
+        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file())
+        .env("RUST_LOG", "warn");
     c
 }
 
@@ -309,8 +310,10 @@ fn leader_killed_during_a_warmup_and_a_reader_loop_loses_no_read_and_the_job_suc
             let rt =
                 tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
             rt.block_on(async move {
-                let client =
-                    strata_client::Client::connect(strata_client::ClientConfig::new(list)).await.unwrap();
+                let mut config = strata_client::ClientConfig::new(list);
+                let admin = strata_security::token::read_token_file(&admin_token_file()).unwrap();
+                config.token = Some(strata_client::Token(admin));
+                let client = strata_client::Client::connect(config).await.unwrap();
                 let mut errors = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     for (i, want) in files.iter().enumerate().step_by(5) {

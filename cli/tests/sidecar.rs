@@ -105,7 +105,8 @@ async fn sidecar_serves_the_pod_over_its_socket_from_the_cluster_then_its_own_ti
     let served_before = served_by_cluster(&cluster, &[0, 1]);
     assert_eq!(served_before, 300_000);
 
-    let sidecar = start_sidecar(&master, &socket, &tmp.path().join("sidecar"), &cluster.worker_token_file().unwrap());
+    let sidecar =
+        start_sidecar(&master, &socket, &tmp.path().join("sidecar"), &cluster.worker_token_file().unwrap());
     assert!(socket.exists());
 
     // First read: every block misses the sidecar, which fetches it once from its cluster owner

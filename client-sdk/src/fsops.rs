@@ -92,7 +92,8 @@ impl Client {
 
     async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<TcpStream, TransportError> {
         let mut stream =
-            crate::transport::connect_tcp(addr, self.config().connect_timeout, &self.inner.credentials).await?;
+            crate::transport::connect_tcp(addr, self.config().connect_timeout, &self.inner.credentials)
+                .await?;
         let begin = WriteBegin { req_id: 1, path: p.to_string() }.encode();
         let exchange = async {
             stream.write_all(&begin).await.map_err(|source| io_err(addr, source))?;

@@ -410,8 +410,16 @@ impl Client {
         let req_id = 1;
         let frame = StatRequest { req_id, path: p.to_string() }.encode();
         for (via, addr) in self.worker_candidates(Some(p)) {
-            match transport::ask(via, &addr, &frame, req_id, 1 << 20, self.timeouts(), &self.inner.credentials)
-                .await
+            match transport::ask(
+                via,
+                &addr,
+                &frame,
+                req_id,
+                1 << 20,
+                self.timeouts(),
+                &self.inner.credentials,
+            )
+            .await
             {
                 Ok(bytes) => match FileStat::decode(&bytes) {
                     Ok(stat) => return Some(Ok(FileInfo::from(stat))),

@@ -76,7 +76,11 @@ impl EmulatedReader {
     }
 
     /// Presenting `credentials` on every new connection.
-    pub fn with_credentials(connect_timeout: Duration, request_timeout: Duration, credentials: Credentials) -> Self {
+    pub fn with_credentials(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        credentials: Credentials,
+    ) -> Self {
         Self {
             pool: TcpPool::new(connect_timeout, credentials),
             request_timeout,

@@ -101,7 +101,10 @@ impl Credentials {
         addr: &str,
     ) -> Result<(), TransportError> {
         if let Some(frame) = &self.auth_frame {
-            stream.write_all(frame).await.map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
+            stream
+                .write_all(frame)
+                .await
+                .map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
         }
         Ok(())
     }
@@ -188,7 +191,11 @@ impl TcpTransport {
     }
 
     /// Presenting `credentials` on every new connection.
-    pub fn with_credentials(connect_timeout: Duration, request_timeout: Duration, credentials: Credentials) -> Self {
+    pub fn with_credentials(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        credentials: Credentials,
+    ) -> Self {
         Self {
             pool: TcpPool::new(connect_timeout, credentials),
             request_timeout,
@@ -390,7 +397,11 @@ impl UnixTransport {
     }
 
     /// Presenting `credentials` on every new connection.
-    pub fn with_credentials(connect_timeout: Duration, request_timeout: Duration, credentials: Credentials) -> Self {
+    pub fn with_credentials(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        credentials: Credentials,
+    ) -> Self {
         Self {
             idle: Mutex::new(Vec::new()),
             connect_timeout,

@@ -23,7 +23,11 @@ impl ClusterUpstream {
     /// sidecar socket itself (the pod's environment may name the sidecar's own), presents the
     /// sidecar's `token` (role `worker`), and one block request gives up after
     /// `request_timeout` (then the sidecar reads the UFS).
-    pub async fn connect(master_addr: &str, token: Option<String>, request_timeout: Duration) -> Result<Self> {
+    pub async fn connect(
+        master_addr: &str,
+        token: Option<String>,
+        request_timeout: Duration,
+    ) -> Result<Self> {
         let mut config = ClientConfig::new(master_addr);
         config.sidecar_socket = None;
         config.request_timeout = request_timeout;

@@ -11,13 +11,14 @@ use strata_common::frame::{
 };
 use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
-    AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, DeleteRequest, Empty,
-    FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, HeartbeatRequest, HeartbeatResponse,
-    InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks,
-    Member, Membership, MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse,
-    RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, ScheduleId, ScheduleInfo,
-    ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, WorkerMountsRequest, CreateTokenRequest,
-    CreateTokenResponse, TokenList, RevokeTokenRequest, TokenInfo, WorkerTokensRequest, WorkerTokenTable,
+    AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, CreateTokenRequest,
+    CreateTokenResponse, DeleteRequest, Empty, FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse,
+    HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
+    ListRequest, ListResponse, LoadTasks, Member, Membership, MkdirRequest, MountInfo, MountList,
+    RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, ReportLoadTasksRequest,
+    ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest,
+    StatRequest, SubmitLoadRequest, TokenInfo, TokenList, WorkerMountsRequest, WorkerTokenTable,
+    WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -113,7 +113,6 @@ impl LeaderChannel {
         })
     }
 
-
     /// The masters this channel knows, in the order given.
     pub fn masters(&self) -> &[String] {
         &self.inner.masters

@@ -69,7 +69,8 @@ class Cluster:
 
     def _spawn(self, name, *args):
         log = open(self.dir / f"{name}.log", "w+")
-        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        # Info level: the secrets test greps these logs, which must say something to mean anything.
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"))
         p = subprocess.Popen([self.bin, *args], stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         self.procs.append(p)
         self.logs.append(log)

@@ -63,10 +63,7 @@ impl Role {
     }
 
     pub fn parse(s: &str) -> Result<Self, AuthError> {
-        Self::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| AuthError::BadRole(s.to_string()))
+        Self::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| AuthError::BadRole(s.to_string()))
     }
 
     /// Whether this role grants `access` (scope aside).
@@ -123,7 +120,9 @@ impl Access {
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AuthError {
-    #[error("no token: set STRATA_TOKEN or --token-file (a standalone writes its admin token to <state dir>/admin.token)")]
+    #[error(
+        "no token: set STRATA_TOKEN or --token-file (a standalone writes its admin token to <state dir>/admin.token)"
+    )]
     Missing,
     #[error("unknown or revoked token")]
     Unknown,
@@ -233,7 +232,13 @@ pub struct TokenRecord {
 
 impl TokenRecord {
     /// A record for `token` with this role and scope (checked).
-    pub fn new(token: &str, role: Role, prefix: Option<&str>, name: &str, created_ms: i64) -> Result<Self, AuthError> {
+    pub fn new(
+        token: &str,
+        role: Role,
+        prefix: Option<&str>,
+        name: &str,
+        created_ms: i64,
+    ) -> Result<Self, AuthError> {
         let prefix = parse_scope(prefix)?;
         if prefix.is_some() && !role.scopable() {
             return Err(AuthError::NotScopable(role));
@@ -339,8 +344,8 @@ pub enum TokenFileError {
 
 /// The token in a file (surrounding whitespace ignored).
 pub fn read_token_file(path: &Path) -> Result<String, TokenFileError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| TokenFileError::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| TokenFileError::Read { path: path.to_path_buf(), source })?;
     let token = text.trim();
     if token.is_empty() {
         return Err(TokenFileError::Empty(path.to_path_buf()));
@@ -449,9 +454,18 @@ mod tests {
     #[test]
     fn only_readers_and_writers_are_scoped() {
         let t = generate();
-        assert_eq!(TokenRecord::new(&t, Role::Admin, Some("/x"), "", 0), Err(AuthError::NotScopable(Role::Admin)));
-        assert!(TokenRecord::new(&t, Role::Admin, Some("/"), "", 0).unwrap().prefix.is_none(), "/ is everything");
-        assert!(matches!(TokenRecord::new(&t, Role::Reader, Some("relative"), "", 0), Err(AuthError::BadScope(..))));
+        assert_eq!(
+            TokenRecord::new(&t, Role::Admin, Some("/x"), "", 0),
+            Err(AuthError::NotScopable(Role::Admin))
+        );
+        assert!(
+            TokenRecord::new(&t, Role::Admin, Some("/"), "", 0).unwrap().prefix.is_none(),
+            "/ is everything"
+        );
+        assert!(matches!(
+            TokenRecord::new(&t, Role::Reader, Some("relative"), "", 0),
+            Err(AuthError::BadScope(..))
+        ));
     }
 
     #[test]

@@ -250,7 +250,10 @@ impl Cluster {
         loop {
             if let Ok(client) = Client::connect(self.client_config()).await
                 && let Ok(status) = client.status().await
-                && status.workers.iter().any(|w| w.id == id && w.live && w.data_addr.ends_with(&format!(":{port}")))
+                && status
+                    .workers
+                    .iter()
+                    .any(|w| w.id == id && w.live && w.data_addr.ends_with(&format!(":{port}")))
             {
                 return;
             }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use strata_common::ErrorKind;
 use strata_common::frame::{
-    self, GrantKind, LeaseRelease, OpenBlock, RESPONSE_HEADER_LEN, RdmaEndpoint, ReadBlockRequest, RemoteRead,
-    ResponseHeader, WriteBegin,
+    self, GrantKind, LeaseRelease, OpenBlock, RESPONSE_HEADER_LEN, RdmaEndpoint, ReadBlockRequest,
+    RemoteRead, ResponseHeader, WriteBegin,
 };
 use strata_proto::leader::{MasterConn, master_conn};
 use strata_proto::*;
@@ -65,7 +65,9 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
         "ListMounts" => c.list_mounts(Empty {}).await.map(drop),
         "AddMount" => {
             let uri = "file:///tmp".to_string();
-            c.add_mount(AddMountRequest { path: "/evil".into(), uri, options: Default::default() }).await.map(drop)
+            c.add_mount(AddMountRequest { path: "/evil".into(), uri, options: Default::default() })
+                .await
+                .map(drop)
         }
         "RemoveMount" => c.remove_mount(RemoveMountRequest { path: "/data".into() }).await.map(drop),
         "Stat" => c.stat(strata_proto::StatRequest { path: p, sync: false }).await.map(drop),
@@ -86,16 +88,23 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
             })
             .await
             .map(drop),
-        "Heartbeat" => {
-            c.heartbeat(HeartbeatRequest { worker_id: "impostor".into(), ..Default::default() }).await.map(drop)
-        }
+        "Heartbeat" => c
+            .heartbeat(HeartbeatRequest { worker_id: "impostor".into(), ..Default::default() })
+            .await
+            .map(drop),
         "WorkerMounts" => c.worker_mounts(WorkerMountsRequest { worker_id: "x".into() }).await.map(drop),
-        "SubmitLoad" => c.submit_load(SubmitLoadRequest { path: "/data/b".into(), options: None }).await.map(drop),
+        "SubmitLoad" => {
+            c.submit_load(SubmitLoadRequest { path: "/data/b".into(), options: None }).await.map(drop)
+        }
         "GetJob" => c.get_job(JobId { id: "no-such-job".into() }).await.map(drop),
         "ListJobs" => c.list_jobs(ListJobsRequest { finished: true, limit: 10 }).await.map(drop),
         "CancelJob" => c.cancel_job(JobId { id: "no-such-job".into() }).await.map(drop),
         "AddSchedule" => c
-            .add_schedule(ScheduleRequest { cron: "0 1 * * *".into(), path: "/data/b".into(), ..Default::default() })
+            .add_schedule(ScheduleRequest {
+                cron: "0 1 * * *".into(),
+                path: "/data/b".into(),
+                ..Default::default()
+            })
             .await
             .map(drop),
         "ListSchedules" => c.list_schedules(Empty {}).await.map(drop),
@@ -108,10 +117,9 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
             .report_load_tasks(ReportLoadTasksRequest { worker_id: "impostor".into(), results: vec![] })
             .await
             .map(drop),
-        "CreateToken" => c
-            .create_token(CreateTokenRequest { role: "admin".into(), ..Default::default() })
-            .await
-            .map(drop),
+        "CreateToken" => {
+            c.create_token(CreateTokenRequest { role: "admin".into(), ..Default::default() }).await.map(drop)
+        }
         "ListTokens" => c.list_tokens(Empty {}).await.map(drop),
         "RevokeToken" => c.revoke_token(RevokeTokenRequest { id: "000000000000".into() }).await.map(drop),
         "WorkerTokens" => c.worker_tokens(WorkerTokensRequest { worker_id: "x".into() }).await.map(drop),
@@ -122,7 +130,16 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
 /// What the cluster looks like: mounts, jobs, schedules, tokens, files, workers.
 async fn snapshot(cluster: &Cluster) -> String {
     let mut admin = conn(cluster, cluster.admin_token().as_deref());
-    let mounts = admin.list_mounts(Empty {}).await.unwrap().into_inner().mounts;
+    // Options as sorted pairs: a map's order is not part of what changed.
+    let mounts: Vec<(String, String, std::collections::BTreeMap<String, String>)> = admin
+        .list_mounts(Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .mounts
+        .into_iter()
+        .map(|m| (m.path, m.uri, m.options.into_iter().collect()))
+        .collect();
     let jobs = admin.list_jobs(ListJobsRequest { finished: true, limit: 0 }).await.unwrap().into_inner().jobs;
     let schedules = admin.list_schedules(Empty {}).await.unwrap().into_inner().schedules;
     let mut tokens: Vec<String> =
@@ -198,9 +215,8 @@ async fn every_rpc_refuses_callers_without_the_right_token_role_or_scope() {
                 "reader outside its scope" | "writer outside its scope" => {
                     Some(ErrorKind::PermissionDenied).filter(|_| access != Access::Any)
                 }
-                "worker" => {
-                    Some(ErrorKind::PermissionDenied).filter(|_| matches!(access, Access::Write | Access::Admin))
-                }
+                "worker" => Some(ErrorKind::PermissionDenied)
+                    .filter(|_| matches!(access, Access::Write | Access::Admin)),
                 _ => Some(ErrorKind::PermissionDenied).filter(|_| access == Access::Worker),
             };
             match (refused, got) {
@@ -220,7 +236,11 @@ async fn every_rpc_refuses_callers_without_the_right_token_role_or_scope() {
             }
         }
     }
-    assert_ne!(snapshot(&cluster).await, before, "the admin's calls did change the cluster: the check can fail");
+    assert_ne!(
+        snapshot(&cluster).await,
+        before,
+        "the admin's calls did change the cluster: the check can fail"
+    );
 }
 
 /// One data-plane exchange on a new connection: the Auth frame when `token` is given, then
@@ -273,7 +293,11 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
         ("RemoteRead", RemoteRead { req_id: 5, addr: 0, rkey: 1, len: 1 }.encode(), Access::Any),
         ("RdmaConnect", RdmaEndpoint { qp_num: 1, lid: 0, gid: None }.encode_request(), Access::Any),
         // A release has no answer: sent before a read, which must then be refused.
-        ("Release", [LeaseRelease { lease_id: 1, kind: GrantKind::Fd }.encode(), read.encode()].concat(), Access::Read),
+        (
+            "Release",
+            [LeaseRelease { lease_id: 1, kind: GrantKind::Fd }.encode(), read.encode()].concat(),
+            Access::Read,
+        ),
     ];
     // The admin reads the block: the check can pass.
     assert_eq!(exchange(&addr, Some(&admin), &read.encode()).await.unwrap(), b"team b");
@@ -287,9 +311,12 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
 
     let wrong = generate();
     for (op, frame, access) in &frames {
-        for (case, token) in
-            [("no token", None), ("wrong", Some(wrong.as_str())), ("revoked", Some(&revoked)), ("reader", Some(&reader))]
-        {
+        for (case, token) in [
+            ("no token", None),
+            ("wrong", Some(wrong.as_str())),
+            ("revoked", Some(&revoked)),
+            ("reader", Some(&reader)),
+        ] {
             let got = exchange(&addr, token, frame).await;
             let expected = match case {
                 "reader" if *access == Access::Any => None,
@@ -313,13 +340,15 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
     assert_eq!(on_disk, b"team b", "no refused write touched the file");
     // In its scope, the reader reads.
     let a = admin_client.stat("/data/a/f.bin").await.unwrap();
-    let read_a = ReadBlockRequest { path: a.path, version: a.version, file_size: a.size, len: a.size, ..read };
+    let read_a =
+        ReadBlockRequest { path: a.path, version: a.version, file_size: a.size, len: a.size, ..read };
     assert_eq!(exchange(&addr, Some(&reader), &read_a.encode()).await.unwrap(), b"team a");
 }
 
 #[tokio::test]
 async fn a_cluster_with_auth_off_serves_everyone() {
-    let cluster = Cluster::start(ClusterOptions { workers: 1, auth: false, ..ClusterOptions::default() }).await;
+    let cluster =
+        Cluster::start(ClusterOptions { workers: 1, auth: false, ..ClusterOptions::default() }).await;
     cluster.write_file("f.bin", b"open");
     assert!(cluster.admin_token().is_none());
     let client = cluster.client_with_token(None).await.unwrap();

@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use strata_client::{
-    Credentials,
-    Client, EmulatedReader, FileInfo, RdmaMode as ClientRdma, RdmaTransport, RemoteReader, TcpTransport,
-    Transport, TransportError,
+    Client, Credentials, EmulatedReader, FileInfo, RdmaMode as ClientRdma, RdmaTransport, RemoteReader,
+    TcpTransport, Transport, TransportError,
 };
 use strata_common::ErrorKind;
 use strata_common::frame::{
@@ -59,7 +58,12 @@ async fn rdma_worker_with_clock(
 }
 
 fn transport(cluster: &Cluster) -> RdmaTransport<EmulatedReader> {
-    RdmaTransport::with_credentials(EmulatedReader::with_credentials(T, T, creds(cluster)), T, T, creds(cluster))
+    RdmaTransport::with_credentials(
+        EmulatedReader::with_credentials(T, T, creds(cluster)),
+        T,
+        T,
+        creds(cluster),
+    )
 }
 
 /// What the test's transports present: the cluster's admin token.
