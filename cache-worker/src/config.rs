@@ -70,6 +70,37 @@ pub struct WorkerConfig {
     pub zero_copy: bool,
     /// RDMA grants on the TCP data plane (`[rdma]` table, see [`RdmaConfig`]). Default off.
     pub rdma: RdmaConfig,
+    /// Data-plane connections open at once in this process (a worker's TCP connections, or a
+    /// sidecar's Unix-socket connections: each process serves one of them); one more is
+    /// answered with a `ResourceExhausted` error frame and closed. 0 means no limit.
+    /// Default 16384: hundreds of client nodes of an HA cluster, each keeping a few dozen
+    /// pooled connections to this worker, with room left under a 65536-descriptor limit.
+    pub max_connections: usize,
+    /// Data-plane TCP connections open at once from one peer IP address; one more is answered
+    /// with a `ResourceExhausted` error frame and closed. 0 means no limit. Default 4096: a
+    /// client process pools up to 64 idle connections per worker, and a training node may run
+    /// dozens of such processes (8 GPUs × 8 loader processes × 64 = 4096) behind one address.
+    pub max_connections_per_peer: usize,
+    /// Once a peer has sent the first byte of a request frame, the whole frame (header and
+    /// body, each `WriteData` of a write) must arrive within this many milliseconds; and a
+    /// response must be taken by the peer within it once the socket pushes back. Otherwise the
+    /// connection is closed. 0 means no limit. Default 60000: an 8 MiB `WriteData` body at
+    /// 140 KB/s, far below any link a training job runs on.
+    pub frame_timeout_ms: u64,
+    /// A connection with no request started for this many milliseconds is closed (clients
+    /// pool connections, so idle is normal, but an abandoned socket must go). 0 means no
+    /// limit. Default 600000 (10 minutes).
+    pub idle_timeout_ms: u64,
+    /// Group of a sidecar's Unix socket (a name from /etc/group or a numeric gid): the socket
+    /// is made `0660` and given to this group, so containers of the pod running as other uids
+    /// but sharing the group (Kubernetes: the pod's `fsGroup` or a supplemental group) can
+    /// connect. Default: none (the group the socket is created with: the sidecar's own, or
+    /// the socket directory's when it is setgid, as a Kubernetes `fsGroup` volume is).
+    pub socket_group: Option<String>,
+    /// Uids besides the sidecar's own and root that may use its Unix socket, checked with
+    /// `SO_PEERCRED` on every connection; any other uid is refused with a `PermissionDenied`
+    /// error frame. Default empty: only the sidecar's own uid and root.
+    pub socket_allowed_uids: Vec<u32>,
 }
 
 /// How a worker answers `OpenBlock` on TCP (see docs/ARCHITECTURE.md, "RDMA").
@@ -131,6 +162,12 @@ impl Default for WorkerConfig {
             nvme_writeback_idle_ms: crate::cache::DEFAULT_WRITEBACK_IDLE.as_millis() as u64,
             zero_copy: true,
             rdma: RdmaConfig::default(),
+            max_connections: 16_384,
+            max_connections_per_peer: 4096,
+            frame_timeout_ms: 60_000,
+            idle_timeout_ms: 600_000,
+            socket_group: None,
+            socket_allowed_uids: Vec::new(),
         }
     }
 }

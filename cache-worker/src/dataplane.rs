@@ -15,7 +15,13 @@
 //! A malformed frame gets an error frame and the connection is closed (its framing can no
 //! longer be trusted); a request that is well-framed but wrong gets an error frame and the
 //! connection stays usable. Either way the worker keeps serving everyone else.
+//!
+//! Hostile peers (docs/SECURITY.md, "Hostile connections"): a connection over the limits is
+//! refused at accept ([`admission`]), and every admitted one runs under deadlines for idle
+//! waits, stalled frames and untaken responses ([`timed`]), whatever the stream type.
 
+mod admission;
+mod timed;
 mod write;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -41,6 +47,9 @@ use crate::error::ServeError;
 use crate::grants::Grants;
 use crate::metrics_defs as m;
 use crate::view::LastView;
+pub use admission::{ConnectionSnapshot, Connections};
+use admission::{Peer, Permit};
+use timed::Timed;
 
 /// Small payloads go out in one write with their header; large ones in two writes, without
 /// copying the block.
@@ -55,6 +64,8 @@ pub struct DataPlane {
     pub view: Arc<LastView>,
     /// The token check every connection and request passes.
     pub auth: Arc<PeerAuth>,
+    /// The open connections and their limits.
+    pub connections: Arc<Connections>,
 }
 
 /// The wire request as a storage request.
@@ -72,29 +83,37 @@ fn block_read(req: &ReadBlockRequest) -> BlockRead {
 
 /// A listener the data plane accepts connections on.
 trait Listener: Send + 'static {
-    type Stream: Connection;
-    /// The next connection and a name of its peer for logs.
-    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+    type Stream: Connection + AsFd;
+    /// The next connection and its peer (for the limits and for logs).
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, Peer)>> + Send;
 }
 
 impl Listener for TcpListener {
     type Stream = tokio::net::TcpStream;
 
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
         let (stream, peer) = self.accept().await?;
         if let Err(e) = stream.set_nodelay(true) {
             debug!(%peer, err = %e, "cannot set TCP_NODELAY");
         }
-        Ok((stream, peer.to_string()))
+        Ok((stream, Peer::Tcp(peer)))
     }
 }
 
 impl Listener for UnixListener {
     type Stream = tokio::net::UnixStream;
 
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
+    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
         let (stream, _) = self.accept().await?;
-        Ok((stream, "unix".to_string()))
+        // SO_PEERCRED: who connected, as the kernel saw it at connect().
+        let peer = match stream.peer_cred() {
+            Ok(cred) => Peer::Unix { uid: Some(cred.uid()), pid: cred.pid() },
+            Err(e) => {
+                debug!(err = %e, "no peer credentials on a Unix connection");
+                Peer::Unix { uid: None, pid: None }
+            }
+        };
+        Ok((stream, peer))
     }
 }
 
@@ -205,7 +224,10 @@ async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: Cancellati
             a = listener.accept_one() => a,
         };
         match accepted {
-            Ok((stream, peer)) => spawn_connection(&tracker, stream, peer, plane.clone(), cancel.clone()),
+            Ok((stream, peer)) => match plane.connections.admit(&peer) {
+                Ok(permit) => spawn_connection(&tracker, stream, peer, permit, plane.clone(), cancel.clone()),
+                Err(refusal) => admission::refuse(stream, &peer, &refusal),
+            },
             Err(e) => {
                 warn!(err = %e, "accept failed");
                 // Out of descriptors or a transient error: pause so a full table is not a spin.
@@ -224,14 +246,15 @@ async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: Cancellati
 fn spawn_connection<S: Connection>(
     tracker: &TaskTracker,
     stream: S,
-    peer: String,
+    peer: Peer,
+    permit: Permit,
     plane: DataPlane,
     cancel: CancellationToken,
 ) {
     tracker.spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
-            r = connection(stream, plane) => {
+            r = connection(Timed::new(stream, permit), plane) => {
                 if let Err(e) = r {
                     debug!(%peer, err = %e, "data-plane connection ended");
                 }
@@ -558,3 +581,6 @@ async fn send_error<S: AsyncWrite + Unpin>(
     out.extend_from_slice(msg);
     stream.write_all(&out).await
 }
+
+#[cfg(test)]
+mod tests;

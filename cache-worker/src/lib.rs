@@ -82,6 +82,8 @@ pub struct WorkerHandle {
     pub http_addr: SocketAddr,
     pub blocks: Arc<BlockService>,
     pub grants: Arc<Grants>,
+    /// The data plane's open connections, limits and refusal/timeout counts.
+    pub connections: Arc<dataplane::Connections>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -216,11 +218,13 @@ impl Worker {
         let view = Arc::new(view::LastView::default());
         let auth = Arc::new(auth::PeerAuth::unknown());
         master_link::learn_tokens(&master, &worker_id, &auth).await;
+        let connections = Arc::new(dataplane::Connections::from_config(&config));
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),
             view: view.clone(),
             auth: auth.clone(),
+            connections: connections.clone(),
         };
         let dp = tokio::spawn(dataplane::serve(listener, plane, cancel.clone()));
         let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
@@ -248,6 +252,7 @@ impl Worker {
             http_addr,
             blocks,
             grants,
+            connections,
             cancel,
             tasks: vec![dp, http_task, link, loader, writeback],
         })

@@ -52,3 +52,11 @@ pub const ZERO_COPY_BYTES: &str = "strata_worker_zero_copy_bytes_total";
 pub const RDMA_GRANTS: &str = "strata_worker_rdma_grants_total";
 /// Counter, label `result` (`committed`/`aborted`/`refused`): writes through this worker.
 pub const WRITES: &str = "strata_worker_writes_total";
+/// Gauge: data-plane connections open (TCP on a worker, the Unix socket on a sidecar).
+pub const CONNECTIONS_OPEN: &str = "strata_worker_connections_open";
+/// Counter, label `reason` (`max_connections`/`per_peer`/`peer_uid`): data-plane connections
+/// refused at accept with an error frame.
+pub const CONNECTIONS_REFUSED: &str = "strata_worker_connections_refused_total";
+/// Counter, label `phase` (`frame`/`idle`/`write`): data-plane connections closed because the
+/// peer stalled mid-frame, stayed idle too long, or did not take a response.
+pub const CONNECTION_TIMEOUTS: &str = "strata_worker_connection_timeouts_total";

@@ -8,8 +8,12 @@
 //! does) so that it can read the UFS itself when the cluster cannot serve. Blocks it gets from
 //! the cluster are keyed exactly as the cluster keys them (same file identity, version, index),
 //! so a version change is caught the same way.
+//!
+//! The socket is `0660`, optionally given to `socket_group` (the pod's shared group), and every
+//! connection's peer uid is checked (`SO_PEERCRED`) against the sidecar's own, root and
+//! `socket_allowed_uids` (see the data plane's admission).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +39,8 @@ pub struct SidecarHandle {
     pub http_addr: std::net::SocketAddr,
     pub blocks: Arc<BlockService>,
     pub grants: Arc<Grants>,
+    /// The data plane's open connections, limits and refusal/timeout counts.
+    pub connections: Arc<dataplane::Connections>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -90,30 +96,16 @@ pub async fn start_with_clock(
     let auth = Arc::new(crate::auth::PeerAuth::unknown());
     master_link::learn_tokens(&master, &worker_id, &auth).await;
 
-    let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
-    // A socket file left by an earlier container of this pod would make bind fail.
-    match std::fs::remove_file(&socket_path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(socket_err(e)),
-    }
-    if let Some(parent) = socket_path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(socket_err)?;
-    }
-    let listener = UnixListener::bind(&socket_path).map_err(socket_err)?;
-    // The training container may run as another user; only this pod's containers see the
-    // emptyDir the socket lives in, so the socket itself need not restrict them.
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o666)).map_err(socket_err)?;
-    }
+    let listener = bind_socket(&socket_path, config.socket_group.as_deref())?;
 
     let cancel = CancellationToken::new();
+    let connections = Arc::new(dataplane::Connections::from_config(&config));
     let plane = dataplane::DataPlane {
         blocks: blocks.clone(),
         grants: grants.clone(),
         view: view.clone(),
         auth: auth.clone(),
+        connections: connections.clone(),
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;
@@ -138,8 +130,57 @@ pub async fn start_with_clock(
         http_addr,
         blocks,
         grants,
+        connections,
         cancel,
         tasks: vec![dp, http_task, refresher, writeback],
+    })
+}
+
+/// Binds the sidecar's socket at `path`, mode `0660`, given to `group` when set.
+pub(crate) fn bind_socket(socket_path: &Path, group: Option<&str>) -> Result<UnixListener, WorkerError> {
+    let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
+    let gid = group
+        .map(resolve_group)
+        .transpose()
+        .map_err(|e| WorkerError::Sidecar { reason: format!("socket_group: {e}") })?;
+    // A socket file left by an earlier container of this pod would make bind fail.
+    match std::fs::remove_file(socket_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(socket_err(e)),
+    }
+    if let Some(parent) = socket_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(socket_err)?;
+    }
+    let listener = UnixListener::bind(socket_path).map_err(socket_err)?;
+    // Owner and group only: a training container running as another uid shares the group
+    // (Kubernetes: the pod's fsGroup), and its uid must still pass the SO_PEERCRED check.
+    // The group first, so the socket is never open to a group it was not meant for.
+    if gid.is_some() {
+        std::os::unix::fs::chown(socket_path, None, gid).map_err(socket_err)?;
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(socket_path, std::fs::Permissions::from_mode(0o660)).map_err(socket_err)?;
+    }
+    Ok(listener)
+}
+
+/// A group name (looked up in /etc/group) or a numeric gid.
+fn resolve_group(group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").map_err(|e| format!("/etc/group: {e}"))?;
+    group_in(&groups, group).ok_or_else(|| format!("no group {group:?} in /etc/group (give a numeric gid)"))
+}
+
+/// The gid of `name` in the text of an /etc/group file (`name:password:gid:members`).
+fn group_in(etc_group: &str, name: &str) -> Option<u32> {
+    etc_group.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name).then_some(())?;
+        fields.nth(1)?.parse().ok()
     })
 }
 
@@ -178,6 +219,17 @@ mod tests {
             ));
             self.answers.lock().unwrap().remove(0)
         }
+    }
+
+    #[test]
+    fn groups_resolve_by_number_or_name() {
+        assert_eq!(resolve_group("10001"), Ok(10001));
+        let etc = "root:x:0:\n# comment\nstrata:x:10001:alice,bob\nbad:x:notanumber:\n";
+        assert_eq!(group_in(etc, "strata"), Some(10001));
+        assert_eq!(group_in(etc, "root"), Some(0));
+        assert_eq!(group_in(etc, "bad"), None);
+        assert_eq!(group_in(etc, "missing"), None);
+        assert!(resolve_group("surely-no-such-group-here").is_err());
     }
 
     #[tokio::test]

@@ -257,6 +257,9 @@ async fn worker(target: &Target, args: WorkerArgs) -> Result<()> {
     if let Some(s) = args.socket {
         cfg.socket_path = Some(s);
     }
+    if let Some(g) = args.socket_group {
+        cfg.socket_group = Some(g);
+    }
     if cfg.sidecar {
         let timeout = std::time::Duration::from_millis(cfg.ufs_timeout_ms);
         let token = cfg.resolve_token()?;

@@ -218,6 +218,9 @@ struct WorkerArgs {
     /// Unix socket a sidecar serves on (clients find it through STRATA_SIDECAR_SOCKET).
     #[arg(long, env = "STRATA_WORKER_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Group (name or gid) given the sidecar's socket (mode 0660), e.g. the pod's fsGroup.
+    #[arg(long, env = "STRATA_WORKER_SOCKET_GROUP", value_name = "GROUP")]
+    socket_group: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -75,6 +75,10 @@ fn rendered_sidecar_config_parses_and_matches_the_trainers_socket() {
         .and_then(|l| l.trim().strip_prefix("value: "))
         .expect("the trainer has STRATA_SIDECAR_SOCKET");
     assert_eq!(env.trim_matches('"'), socket.to_str().unwrap());
+    // The socket is 0660: it goes to the pod's fsGroup, which every container of the pod has.
+    let fs_group =
+        yaml.lines().find_map(|l| l.trim().strip_prefix("fsGroup: ")).expect("the pod has an fsGroup");
+    assert_eq!(sidecar.socket_group.as_deref(), Some(fs_group));
 }
 
 #[test]

@@ -35,6 +35,8 @@ impl TransportError {
     /// Whether another worker may succeed where this one failed.
     pub fn try_next_worker(&self) -> bool {
         match self {
+            // A worker at its connection limits refuses the connection: another has room.
+            TransportError::Remote { kind: ErrorKind::ResourceExhausted, .. } => true,
             TransportError::Remote { kind, .. } => kind.is_temporary(),
             _ => true,
         }
@@ -320,13 +322,18 @@ async fn pooled_call<P: Pool>(
 
 /// Whether a connection can be reused after an exchange ended with `result`: only one that
 /// completed a whole exchange is known to be in sync, and not one whose frame the worker
-/// rejected as bad or whose token it refused (it closes the connection after saying so).
+/// rejected as bad, whose token it refused, nor one it refused at its connection limits (it
+/// closes each after saying so).
 pub(crate) fn reusable<T>(result: &Result<T, TransportError>) -> bool {
     match result {
         Ok(_) => true,
-        Err(TransportError::Remote { kind, .. }) => {
-            !matches!(kind, ErrorKind::BadFrame | ErrorKind::Unauthenticated | ErrorKind::Unavailable)
-        }
+        Err(TransportError::Remote { kind, .. }) => !matches!(
+            kind,
+            ErrorKind::BadFrame
+                | ErrorKind::Unauthenticated
+                | ErrorKind::Unavailable
+                | ErrorKind::ResourceExhausted
+        ),
         Err(_) => false,
     }
 }
@@ -669,5 +676,15 @@ mod tests {
         assert!(reusable(&other), "an answered request leaves the connection in sync");
         let stray = answer(&error_frame(6, ErrorKind::NotFound, "x"), 7).await;
         assert!(matches!(stray, Err(TransportError::Protocol { .. })), "{stray:?}");
+    }
+
+    #[tokio::test]
+    async fn a_worker_at_its_connection_limit_sends_the_read_elsewhere() {
+        let msg = "this worker has its limit of 3 data-plane connections open (max_connections)";
+        let got = answer(&error_frame(0, ErrorKind::ResourceExhausted, msg), 7).await;
+        assert!(!reusable(&got), "the worker closed the refused connection");
+        assert!(got.unwrap_err().try_next_worker(), "another worker may have room");
+        let not_found = answer(&error_frame(7, ErrorKind::NotFound, "x"), 7).await;
+        assert!(!not_found.unwrap_err().try_next_worker(), "any worker would answer the same");
     }
 }

@@ -1,0 +1,407 @@
+//! The data plane against hostile peers, on real sockets: connection limits, stalled frames,
+//! idle connections, and the sidecar socket's permissions and peer uid check.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_common::ErrorKind;
+use strata_common::frame::{
+    FileStat, Op, RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, StatRequest, WriteBegin,
+    request_header,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::WorkerConfig;
+use crate::cache::{BlockCache, CacheConfig};
+use crate::grants::Grants;
+use crate::mounts::{MountSnapshot, MountSpec, Mounts, StaticMounts};
+use crate::stats::Counters;
+use crate::tier::MemoryTier;
+
+const OLD: &[u8] = b"the old contents of f.bin, which a stalled write must not touch";
+
+/// A data plane over a write-through mount `/d` of a temporary directory holding `f.bin`.
+struct Fixture {
+    plane: DataPlane,
+    dir: tempfile::TempDir,
+    cancel: CancellationToken,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn fixture(config: WorkerConfig) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f.bin"), OLD).unwrap();
+    let counters = Arc::new(Counters::default());
+    let cache = Arc::new(BlockCache::new(
+        Arc::new(MemoryTier::new(1 << 20)),
+        Arc::new(MemoryTier::new(0)),
+        CacheConfig::default(),
+        counters.clone(),
+    ));
+    let mounts = Arc::new(Mounts::new(Arc::new(strata_ufs::OpendalFactory)));
+    mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
+        epoch: 1,
+        mounts: vec![MountSpec {
+            path: "/d".into(),
+            uri: format!("file://{}", dir.path().display()),
+            options: [("mode".to_string(), "write-through".to_string())].into(),
+            block_size: 1024,
+        }],
+    })));
+    let clock = strata_common::clock::system();
+    let blocks = BlockService::new(cache, counters, mounts, Duration::from_secs(10), clock.clone());
+    let plane = DataPlane {
+        blocks: Arc::new(blocks),
+        grants: Arc::new(Grants::from_config(&config, clock).unwrap()),
+        view: Arc::new(LastView::default()),
+        connections: Arc::new(Connections::from_config(&config)),
+        // Limits and deadlines are what these tests are about: every peer is admitted by the
+        // token check (tokens are tested in auth and testkit/tests/auth.rs).
+        auth: Arc::new(crate::auth::PeerAuth::open()),
+    };
+    Fixture { plane, dir, cancel: CancellationToken::new() }
+}
+
+async fn serve_tcp(config: WorkerConfig) -> (Fixture, SocketAddr) {
+    let f = fixture(config);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    (f, addr)
+}
+
+fn limits(max: usize, per_peer: usize) -> WorkerConfig {
+    WorkerConfig { max_connections: max, max_connections_per_peer: per_peer, ..WorkerConfig::default() }
+}
+
+async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Sends `request` and reads one response: its header and payload.
+async fn call<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    request: &[u8],
+) -> (ResponseHeader, Vec<u8>) {
+    stream.write_all(request).await.unwrap();
+    response(stream).await
+}
+
+async fn response<S: AsyncRead + Unpin>(stream: &mut S) -> (ResponseHeader, Vec<u8>) {
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    stream.read_exact(&mut head).await.unwrap();
+    let head = ResponseHeader::decode(&head).unwrap();
+    let mut payload = vec![0u8; head.payload_len as usize];
+    stream.read_exact(&mut payload).await.unwrap();
+    (head, payload)
+}
+
+/// A stat and a block read of `/d/f.bin`: what a normal client does.
+async fn normal_client(stream: &mut TcpStream) {
+    let (head, payload) = call(stream, &StatRequest { req_id: 1, path: "/d/f.bin".into() }.encode()).await;
+    assert!(head.status.is_ok(), "{head:?}: {}", String::from_utf8_lossy(&payload));
+    let stat = FileStat::decode(&payload).unwrap();
+    let read = ReadBlockRequest {
+        req_id: 2,
+        path: stat.path,
+        version: stat.version,
+        file_size: stat.size,
+        block_size: stat.block_size,
+        block_index: 0,
+        offset: 0,
+        len: stat.size,
+    };
+    let (head, payload) = call(stream, &read.encode()).await;
+    assert!(head.status.is_ok(), "{head:?}");
+    assert_eq!(payload, OLD);
+}
+
+/// Reads until the worker closes the connection (end of stream or a reset).
+async fn closed<S: AsyncRead + Unpin>(stream: &mut S) {
+    let mut sink = [0u8; 256];
+    loop {
+        match stream.read(&mut sink).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The one error frame a refused connection gets, then the end of the stream.
+async fn refused<S: AsyncRead + Unpin>(stream: &mut S) -> (ErrorKind, String) {
+    let (head, payload) = response(stream).await;
+    assert_eq!(head.req_id, 0);
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest).await;
+    assert!(rest.is_empty(), "nothing after the error frame");
+    (head.status.unwrap_err(), String::from_utf8(payload).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_stalled_headers_is_closed_within_the_frame_timeout_while_others_are_served() {
+    const FLOOD: usize = 500;
+    let frame = Duration::from_millis(2000);
+    let (f, addr) = serve_tcp(WorkerConfig {
+        frame_timeout_ms: frame.as_millis() as u64,
+        ..limits(FLOOD + 10, FLOOD + 10)
+    })
+    .await;
+    let mut flood = Vec::with_capacity(FLOOD);
+    let started = Instant::now();
+    for _ in 0..FLOOD {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // A header announcing a body that never comes.
+        s.write_all(&request_header(Op::Stat, 40)).await.unwrap();
+        flood.push(s);
+    }
+    let sent = started.elapsed();
+    eventually("the flood is held", frame, || f.plane.connections.snapshot().open == FLOOD).await;
+    // Served while the flood is held.
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    normal_client(&mut client).await;
+    assert_eq!(f.plane.connections.snapshot().frame_timeouts, 0, "served during the flood");
+
+    let all_closed = tokio::time::timeout(Duration::from_secs(20), async {
+        for s in &mut flood {
+            closed(s).await;
+        }
+    });
+    all_closed.await.expect("every stalled connection is closed");
+    // The last header went out at `sent`; its connection had `frame` from then, plus slack for
+    // a loaded machine.
+    assert!(started.elapsed() < sent + frame + Duration::from_secs(4), "{:?}", started.elapsed());
+    eventually("all counted and their places given back", Duration::from_secs(5), || {
+        let s = f.plane.connections.snapshot();
+        s.frame_timeouts == FLOOD as u64 && s.open == 1
+    })
+    .await;
+    normal_client(&mut client).await;
+    let s = f.plane.connections.snapshot();
+    assert_eq!((s.open, s.idle_timeouts, s.write_timeouts, s.refused_max_connections), (1, 0, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_over_the_per_peer_limit_is_refused_with_resource_exhausted() {
+    let (f, addr) = serve_tcp(limits(100, 3)).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        normal_client(&mut s).await;
+        held.push(s);
+    }
+    let mut fourth = TcpStream::connect(addr).await.unwrap();
+    let (kind, msg) = refused(&mut fourth).await;
+    assert_eq!(kind, ErrorKind::ResourceExhausted);
+    assert!(msg.contains("max_connections_per_peer") && msg.contains("127.0.0.1"), "{msg}");
+
+    // Another address is another peer.
+    let other = TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = other.connect(addr).await.unwrap();
+    normal_client(&mut other).await;
+
+    // A place given back is taken again.
+    drop(held.pop());
+    eventually("the place is given back", Duration::from_secs(5), || {
+        f.plane.connections.snapshot().open == 3
+    })
+    .await;
+    let mut again = TcpStream::connect(addr).await.unwrap();
+    normal_client(&mut again).await;
+    let s = f.plane.connections.snapshot();
+    assert_eq!((s.refused_per_peer, s.refused_max_connections, s.open), (1, 0, 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_over_the_worker_limit_is_refused_with_resource_exhausted() {
+    let (f, addr) = serve_tcp(limits(3, 0)).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        normal_client(&mut s).await;
+        held.push(s);
+    }
+    for _ in 0..2 {
+        let mut over = TcpStream::connect(addr).await.unwrap();
+        let (kind, msg) = refused(&mut over).await;
+        assert_eq!(kind, ErrorKind::ResourceExhausted);
+        assert!(msg.contains("limit of 3") && msg.contains("(max_connections)"), "{msg}");
+    }
+    // The refused ones never held a place: the held ones are still served.
+    for s in &mut held {
+        normal_client(s).await;
+    }
+    let s = f.plane.connections.snapshot();
+    assert_eq!((s.refused_max_connections, s.refused_per_peer, s.open), (2, 0, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_data_stalls_midway_is_closed_and_commits_nothing() {
+    let (f, addr) = serve_tcp(WorkerConfig { frame_timeout_ms: 300, ..WorkerConfig::default() }).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let (head, _) = call(&mut s, &WriteBegin { req_id: 5, path: "/d/f.bin".into() }.encode()).await;
+    assert!(head.status.is_ok(), "{head:?}");
+    // One whole data frame, then half of the next one.
+    s.write_all(&request_header(Op::WriteData, 4)).await.unwrap();
+    s.write_all(b"new!").await.unwrap();
+    s.write_all(&request_header(Op::WriteData, 1000)).await.unwrap();
+    s.write_all(&[b'x'; 500]).await.unwrap();
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), closed(&mut s)).await.expect("closed");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    eventually("the write is aborted", Duration::from_secs(5), || {
+        f.plane.blocks.counters().writes_aborted == 1
+    })
+    .await;
+    assert_eq!(f.plane.blocks.counters().writes_committed, 0);
+    assert_eq!(f.plane.connections.snapshot().frame_timeouts, 1);
+    assert_eq!(std::fs::read(f.dir.path().join("f.bin")).unwrap(), OLD, "the old object is untouched");
+    let names: Vec<_> = std::fs::read_dir(f.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["f.bin".to_string()], "no partial file left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let idle = Duration::from_millis(300);
+    let (f, addr) = serve_tcp(WorkerConfig {
+        idle_timeout_ms: idle.as_millis() as u64,
+        frame_timeout_ms: 100,
+        ..WorkerConfig::default()
+    })
+    .await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    normal_client(&mut s).await;
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), closed(&mut s)).await.expect("closed");
+    assert!(started.elapsed() >= idle - Duration::from_millis(50), "{:?}", started.elapsed());
+    eventually("counted and the place given back", Duration::from_secs(5), || {
+        let s = f.plane.connections.snapshot();
+        s.idle_timeouts == 1 && s.open == 0
+    })
+    .await;
+    assert_eq!(f.plane.connections.snapshot().frame_timeouts, 0);
+}
+
+// ---- the sidecar's Unix socket -------------------------------------------------------------
+
+/// What the child process of [`unix_client_child`] is told, by environment.
+const CHILD_SOCKET: &str = "STRATA_TEST_UNIX_CLIENT_SOCKET";
+
+/// Not a test of its own: run as another uid by the sidecar tests (the test binary started
+/// again with this test alone), it connects to the socket, asks a `Stat` and prints the answer.
+#[test]
+fn unix_client_child() {
+    use std::io::{Read, Write};
+    let Some(path) = std::env::var_os(CHILD_SOCKET) else { return };
+    let mut s = match std::os::unix::net::UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) => {
+            println!("CHILD connect-error {:?}", e.kind());
+            return;
+        }
+    };
+    // A refused connection may be closed before the request goes out (EPIPE on a Unix
+    // socket); its error frame is waiting to be read all the same.
+    let _ = s.write_all(&StatRequest { req_id: 1, path: "/d/f.bin".into() }.encode());
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    s.read_exact(&mut head).unwrap();
+    let head = ResponseHeader::decode(&head).unwrap();
+    let mut payload = vec![0u8; head.payload_len as usize];
+    s.read_exact(&mut payload).unwrap();
+    match head.status {
+        Ok(_) => println!("CHILD ok size={}", FileStat::decode(&payload).unwrap().size),
+        Err(kind) => println!("CHILD error {kind:?} {}", String::from_utf8_lossy(&payload)),
+    }
+}
+
+/// Runs [`unix_client_child`] as `uid`:`gid` (no other groups) against `socket`; its line.
+async fn child_as(uid: u32, gid: u32, socket: &Path) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "dataplane::tests::unix_client_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_SOCKET, socket)
+        .uid(uid)
+        .gid(gid);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // libtest may print its "test NAME ... " before the line on the same line.
+    stdout.lines().find_map(|l| l.split_once("CHILD ").map(|(_, answer)| answer.to_string())).unwrap_or_else(
+        || panic!("no answer from the child: {stdout} {}", String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_socket_is_0660_of_its_group_and_checks_the_peer_uid() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !is_root() {
+        eprintln!("skipped: needs root to connect as other uids");
+        return;
+    }
+    const GROUP: u32 = 4242;
+    const ALLOWED: u32 = 65534;
+    const STRANGER: u32 = 65533;
+    let f = fixture(WorkerConfig { socket_allowed_uids: vec![ALLOWED], ..WorkerConfig::default() });
+    let sockets = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(sockets.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = sockets.path().join("strata.sock");
+    let listener = crate::sidecar::bind_socket(&path, Some(&GROUP.to_string())).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), GROUP);
+    tokio::spawn(serve_unix(listener, f.plane.clone(), f.cancel.clone()));
+
+    // In the group and allowed: served.
+    assert_eq!(child_as(ALLOWED, GROUP, &path).await, format!("ok size={}", OLD.len()));
+    // In the group but not allowed: the uid check refuses it.
+    let answer = child_as(STRANGER, GROUP, &path).await;
+    assert!(answer.starts_with("error PermissionDenied uid 65533 may not use this socket"), "{answer}");
+    // Allowed but outside the group: the file mode keeps it out before the check.
+    assert_eq!(child_as(ALLOWED, ALLOWED, &path).await, "connect-error PermissionDenied");
+    // Root (this process) may always.
+    let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let (head, _) = call(&mut s, &StatRequest { req_id: 1, path: "/d/f.bin".into() }.encode()).await;
+    assert!(head.status.is_ok());
+
+    let s = f.plane.connections.snapshot();
+    assert_eq!((s.refused_peer_uid, s.refused_per_peer, s.refused_max_connections), (1, 0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_only_the_own_uid_and_root_may_use_the_socket() {
+    if !is_root() {
+        eprintln!("skipped: needs root to connect as other uids");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture(WorkerConfig::default());
+    let sockets = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(sockets.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = sockets.path().join("strata.sock");
+    let listener = crate::sidecar::bind_socket(&path, Some("4243")).unwrap();
+    tokio::spawn(serve_unix(listener, f.plane.clone(), f.cancel.clone()));
+    let answer = child_as(65534, 4243, &path).await;
+    assert!(answer.starts_with("error PermissionDenied"), "{answer}");
+    assert_eq!(f.plane.connections.snapshot().refused_peer_uid, 1);
+}
