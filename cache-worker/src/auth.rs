@@ -11,8 +11,10 @@
 //! another worker): it cannot tell whether the cluster requires tokens.
 //!
 //! A token the table does not know may be one created a moment ago: before refusing it, the
-//! worker asks the master for the table again — at most once per [`UNKNOWN_REFRESH_EVERY`], so
-//! a peer presenting garbage cannot make it call the master per connection.
+//! worker asks the master for the table again. Such fetches are coalesced and spaced: one
+//! fetch that starts after a connection asked answers it and every connection waiting with it,
+//! and fetches start at least [`UNKNOWN_REFRESH_EVERY`] apart, so a flood of garbage tokens
+//! costs the master two calls a second, not one per connection.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -43,7 +45,7 @@ pub type Refresher = Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 pub struct PeerAuth {
     table: RwLock<Option<Arc<Table>>>,
     refresher: RwLock<Option<Arc<Refresher>>>,
-    /// When an unknown token last made this worker fetch the table (one fetch at a time).
+    /// When the last fetch caused by an unknown token started (one fetch at a time).
     last_unknown_refresh: tokio::sync::Mutex<Option<Instant>>,
 }
 
@@ -109,20 +111,23 @@ impl PeerAuth {
         }
     }
 
-    /// Fetches the table again unless one was fetched for an unknown token recently; whether it
-    /// did.
+    /// Makes sure a fetch of the table started after now has finished (see the module);
+    /// whether one could (a refresher is set).
     async fn refresh_for_unknown(&self) -> bool {
         let Some(refresher) = self.refresher.read().unwrap_or_else(|p| p.into_inner()).clone() else {
             return false;
         };
+        let asked = Instant::now();
         let mut last = self.last_unknown_refresh.lock().await;
-        if last.is_some_and(|t| t.elapsed() < UNKNOWN_REFRESH_EVERY) {
-            // Another connection just fetched it (while this one waited for the lock): the
-            // table is as fresh as it gets.
+        if last.is_some_and(|started| started >= asked) {
+            // A fetch that started after this connection asked finished while it waited.
             return true;
         }
-        refresher().await;
+        if let Some(started) = *last {
+            tokio::time::sleep_until((started + UNKNOWN_REFRESH_EVERY).into()).await;
+        }
         *last = Some(Instant::now());
+        refresher().await;
         true
     }
 
@@ -239,22 +244,39 @@ mod tests {
         auth.set(table(1, &[]));
         let fresh = generate();
         let record = TokenRecord::new(&fresh, Role::Reader, None, "", 0).unwrap();
-        let fetches = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let fetches: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
         let (a, f, r) = (auth.clone(), fetches.clone(), record.clone());
         auth.set_refresher(Box::new(move || {
             let (a, f, r) = (a.clone(), f.clone(), r.clone());
             Box::pin(async move {
-                f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                f.lock().unwrap().push(Instant::now());
                 a.set(table(2, &[&r]));
             })
         }));
         // Created a moment ago: the first connection that presents it fetches the table.
         auth.authenticate(&fresh).await.unwrap();
-        assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
-        // Garbage does not make the worker call the master per connection.
-        for _ in 0..20 {
-            assert!(auth.authenticate(&generate()).await.is_err());
+        assert_eq!(fetches.lock().unwrap().len(), 1);
+        // 40 connections with garbage at once: one or two fetches answer them all.
+        let garbage: Vec<_> = (0..40)
+            .map(|_| {
+                let auth = auth.clone();
+                tokio::spawn(async move { auth.authenticate(&generate()).await.is_err() })
+            })
+            .collect();
+        for g in garbage {
+            assert!(g.await.unwrap(), "garbage is refused");
         }
-        assert!(fetches.load(std::sync::atomic::Ordering::SeqCst) <= 2, "rate-limited");
+        let times = fetches.lock().unwrap().clone();
+        assert!(times.len() <= 3, "coalesced: {} fetches", times.len());
+        assert!(times.windows(2).all(|w| w[1] - w[0] >= UNKNOWN_REFRESH_EVERY), "spaced: {times:?}");
+        // A token created after a fetch is still found: the next fetch starts after it asks.
+        let later = generate();
+        let later_record = TokenRecord::new(&later, Role::Writer, None, "", 0).unwrap();
+        let (a, r1, r2) = (auth.clone(), record.clone(), later_record.clone());
+        auth.set_refresher(Box::new(move || {
+            let (a, r1, r2) = (a.clone(), r1.clone(), r2.clone());
+            Box::pin(async move { a.set(table(3, &[&r1, &r2])) })
+        }));
+        auth.authenticate(&later).await.unwrap();
     }
 }
