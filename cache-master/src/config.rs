@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use strata_security::tls::TlsConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -42,6 +43,10 @@ pub struct MasterConfig {
     /// it exits with the error. Default 0: one attempt, a clear error at once. Deployments that
     /// start masters and etcd together (the Helm chart) set it so the masters wait for etcd.
     pub meta_connect_timeout_ms: u64,
+    /// TLS on the gRPC endpoint (`[tls]` table, see `strata_security::tls::TlsConfig`): `cert`
+    /// + `key` make it speak TLS; `client_auth` (with `ca`) requires every client and worker
+    /// to present a certificate signed by `ca`. Default off.
+    pub tls: TlsConfig,
 }
 
 impl Default for MasterConfig {
@@ -58,6 +63,7 @@ impl Default for MasterConfig {
             advertise_addr: None,
             leader_lease_ms: 5_000,
             meta_connect_timeout_ms: 0,
+            tls: TlsConfig::default(),
         }
     }
 }

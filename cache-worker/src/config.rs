@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use strata_security::tls::TlsConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -62,6 +63,12 @@ pub struct WorkerConfig {
     pub zero_copy: bool,
     /// RDMA grants on the TCP data plane (`[rdma]` table, see [`RdmaConfig`]). Default off.
     pub rdma: RdmaConfig,
+    /// TLS (`[tls]` table, see `strata_security::tls::TlsConfig`): `cert` + `key` make the TCP
+    /// data plane speak TLS (the sidecar's Unix socket stays plain); `ca` makes the link to the
+    /// master TLS, presenting `cert` when the master requires client certificates;
+    /// `client_auth` requires clients of the data plane to present a certificate signed by
+    /// `ca`. Default off.
+    pub tls: TlsConfig,
 }
 
 /// How a worker answers `OpenBlock` on TCP (see docs/ARCHITECTURE.md, "RDMA").
@@ -121,6 +128,7 @@ impl Default for WorkerConfig {
             nvme_writeback_idle_ms: crate::cache::DEFAULT_WRITEBACK_IDLE.as_millis() as u64,
             zero_copy: true,
             rdma: RdmaConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -142,5 +150,11 @@ mod tests {
         assert_eq!(c.nvme_dir(), PathBuf::from("/tmp/x"));
         assert_eq!(c.nvme_capacity, WorkerConfig::default().nvme_capacity);
         assert!(toml::from_str::<WorkerConfig>("memory = 5").is_err());
+        let c: WorkerConfig =
+            toml::from_str("[tls]\ncert = \"/etc/strata/tls.crt\"\nkey = \"/k\"\nclient_auth = true")
+                .unwrap();
+        assert_eq!(c.tls.cert, Some(PathBuf::from("/etc/strata/tls.crt")));
+        assert!(c.tls.client_auth && c.tls.ca.is_none());
+        assert!(toml::from_str::<WorkerConfig>("[tls]\ncrt = \"/x\"").is_err());
     }
 }

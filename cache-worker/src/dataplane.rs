@@ -28,6 +28,7 @@ use strata_common::frame::{
     self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
     RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, StatRequest, decode_request_header,
 };
+use strata_security::tls::ServerTls;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -68,29 +69,77 @@ fn block_read(req: &ReadBlockRequest) -> BlockRead {
 
 /// A listener the data plane accepts connections on.
 trait Listener: Send + 'static {
+    /// An accepted socket, before [`establish`](Self::establish).
+    type Accepted: Send + 'static;
     type Stream: Connection;
     /// The next connection and a name of its peer for logs.
-    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Accepted, String)>> + Send;
+    /// Turns an accepted socket into a connection (the TLS handshake, if any). It runs in the
+    /// connection's own task, so a slow or silent peer never holds up accepting the next.
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static;
 }
 
 impl Listener for TcpListener {
+    type Accepted = tokio::net::TcpStream;
     type Stream = tokio::net::TcpStream;
 
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
+    async fn accept_one(&self) -> std::io::Result<(Self::Accepted, String)> {
         let (stream, peer) = self.accept().await?;
         if let Err(e) = stream.set_nodelay(true) {
             debug!(%peer, err = %e, "cannot set TCP_NODELAY");
         }
         Ok((stream, peer.to_string()))
     }
+
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
+        std::future::ready(Ok(accepted))
+    }
 }
 
 impl Listener for UnixListener {
+    type Accepted = tokio::net::UnixStream;
     type Stream = tokio::net::UnixStream;
 
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, String)> {
+    async fn accept_one(&self) -> std::io::Result<(Self::Accepted, String)> {
         let (stream, _) = self.accept().await?;
         Ok((stream, "unix".to_string()))
+    }
+
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
+        std::future::ready(Ok(accepted))
+    }
+}
+
+/// TCP whose connections complete a TLS handshake (within
+/// [`HANDSHAKE_TIMEOUT`](strata_security::tls::HANDSHAKE_TIMEOUT)) before their first frame.
+struct TlsListener {
+    tcp: TcpListener,
+    tls: ServerTls,
+}
+
+impl Listener for TlsListener {
+    type Accepted = tokio::net::TcpStream;
+    type Stream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Accepted, String)>> + Send {
+        self.tcp.accept_one()
+    }
+
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
+        let tls = self.tls.clone();
+        async move { tls.accept(accepted).await }
     }
 }
 
@@ -169,6 +218,38 @@ impl Connection for tokio::net::UnixStream {
     }
 }
 
+/// TLS encrypts in user space, so a file region is read and written through it (no
+/// `sendfile`), and no descriptor can be passed.
+impl Connection for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    async fn send_file(&mut self, file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        const CHUNK: u64 = 256 * 1024;
+        let mut buf = vec![0u8; len.min(CHUNK) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(CHUNK) as usize;
+            // A verified block's file, mostly in the page cache: as blocking as `sendfile` is.
+            let n = file.read_at(&mut buf[..want], offset + done)?;
+            if n == 0 {
+                // As for `sendfile`: fewer bytes than announced, the connection must not go on.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "block file ended before the range",
+                ));
+            }
+            self.write_all(&buf[..n]).await?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    const PASSES_FDS: bool = false;
+
+    async fn write_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "TLS cannot pass a descriptor"))
+    }
+}
+
 /// One `sendfile(2)` call of at most `left` bytes from `*offset`, which it advances.
 fn sendfile_once(socket: RawFd, file: RawFd, offset: &mut u64, left: u64) -> std::io::Result<usize> {
     // Linux sends at most 0x7ffff000 bytes per call.
@@ -188,6 +269,11 @@ pub async fn serve(listener: TcpListener, plane: DataPlane, cancel: Cancellation
     serve_on(listener, plane, cancel).await
 }
 
+/// Serves the data plane on TCP with TLS: every connection completes a handshake first.
+pub async fn serve_tls(listener: TcpListener, tls: ServerTls, plane: DataPlane, cancel: CancellationToken) {
+    serve_on(TlsListener { tcp: listener, tls }, plane, cancel).await
+}
+
 /// Serves the data plane on a Unix socket: the sidecar's route for the processes of its pod.
 pub async fn serve_unix(listener: UnixListener, plane: DataPlane, cancel: CancellationToken) {
     serve_on(listener, plane, cancel).await
@@ -201,7 +287,9 @@ async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: Cancellati
             a = listener.accept_one() => a,
         };
         match accepted {
-            Ok((stream, peer)) => spawn_connection(&tracker, stream, peer, plane.clone(), cancel.clone()),
+            Ok((accepted, peer)) => {
+                spawn_connection(&tracker, listener.establish(accepted), peer, plane.clone(), cancel.clone())
+            }
             Err(e) => {
                 warn!(err = %e, "accept failed");
                 // Out of descriptors or a transient error: pause so a full table is not a spin.
@@ -219,7 +307,7 @@ async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: Cancellati
 
 fn spawn_connection<S: Connection>(
     tracker: &TaskTracker,
-    stream: S,
+    establish: impl Future<Output = std::io::Result<S>> + Send + 'static,
     peer: String,
     plane: DataPlane,
     cancel: CancellationToken,
@@ -227,7 +315,7 @@ fn spawn_connection<S: Connection>(
     tracker.spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
-            r = connection(stream, plane) => {
+            r = async { connection(establish.await?, plane).await } => {
                 if let Err(e) = r {
                     debug!(%peer, err = %e, "data-plane connection ended");
                 }

@@ -68,6 +68,8 @@ pub enum WorkerError {
     Socket { path: String, source: std::io::Error },
     #[error("sidecar: {reason}")]
     Sidecar { reason: String },
+    #[error(transparent)]
+    Tls(#[from] strata_security::tls::TlsError),
     #[error("RDMA: {0}")]
     Rdma(#[from] grants::RdmaError),
 }
@@ -190,9 +192,9 @@ impl Worker {
         };
         let blocks = open_blocks(&config, factory, clock.clone()).await?;
         let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
-        let master = master_link::connect(&config.master_addr).map_err(|e| WorkerError::MasterAddr {
-            addr: config.master_addr.clone(),
-            reason: e.to_string(),
+        let server_tls = config.tls.server()?;
+        let master = master_link::connect(&config.master_addr, config.tls.client()?).map_err(|e| {
+            WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() }
         })?;
         blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
             client: master.clone(),
@@ -213,7 +215,10 @@ impl Worker {
         let view = Arc::new(view::LastView::default());
         let plane =
             dataplane::DataPlane { blocks: blocks.clone(), grants: grants.clone(), view: view.clone() };
-        let dp = tokio::spawn(dataplane::serve(listener, plane, cancel.clone()));
+        let dp = match server_tls {
+            Some(tls) => tokio::spawn(dataplane::serve_tls(listener, tls, plane, cancel.clone())),
+            None => tokio::spawn(dataplane::serve(listener, plane, cancel.clone())),
+        };
         let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
 
         let identity = master_link::Identity {

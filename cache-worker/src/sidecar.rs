@@ -77,7 +77,7 @@ pub async fn start_with_clock(
     let blocks = crate::open_blocks(&config, factory, clock.clone()).await?;
     let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
     blocks.set_upstream(upstream);
-    let master = master_link::connect(&config.master_addr)
+    let master = master_link::connect(&config.master_addr, config.tls.client()?)
         .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
     blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
         client: master.clone(),

@@ -5,20 +5,24 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use strata_client::{Client, ClientConfig, FileInfo};
+use strata_client::{Client, ClientConfig, FileInfo, TlsConfig};
 use strata_common::units::parse_size;
 use strata_master::{Master, MasterConfig};
 use strata_ufs::OpendalFactory;
 use strata_worker::{Worker, WorkerConfig};
 use tokio::io::AsyncReadExt;
 
-use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, WorkerArgs};
+use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, TlsArgs, WorkerArgs};
+
+/// The client TLS settings of this invocation (`--tls-*` over `STRATA_TLS_*`), set once in `run`.
+static CLIENT_TLS: std::sync::OnceLock<TlsConfig> = std::sync::OnceLock::new();
 
 pub async fn run(cli: Cli) -> Result<()> {
+    let _ = CLIENT_TLS.set(cli.tls.apply(TlsConfig::default()));
     match cli.command {
-        Command::Standalone(args) => standalone(&cli.master, args).await,
-        Command::Master(args) => master(args).await,
-        Command::Worker(args) => worker(&cli.master, args).await,
+        Command::Standalone(args) => standalone(&cli.master, args, &cli.tls).await,
+        Command::Master(args) => master(args, &cli.tls).await,
+        Command::Worker(args) => worker(&cli.master, args, &cli.tls).await,
         Command::Mount(cmd) => mount(&cli.master, cmd).await,
         Command::Ls { path, json } => ls(&cli.master, &path, json).await,
         Command::Stat { path, sync, json } => stat(&cli.master, &path, sync, json).await,
@@ -46,7 +50,11 @@ fn size(flag: &str, value: &str) -> Result<u64> {
 }
 
 async fn connect(master: &str) -> Result<Client> {
-    Client::connect(ClientConfig::new(master)).await.map_err(|e| anyhow::anyhow!(e)).with_context(|| {
+    let mut config = ClientConfig::new(master);
+    if let Some(tls) = CLIENT_TLS.get() {
+        config.tls = tls.clone();
+    }
+    Client::connect(config).await.map_err(|e| anyhow::anyhow!(e)).with_context(|| {
         format!("is a master running at {master}? (start one with `strata standalone`, or set --master / STRATA_MASTER)")
     })
 }
@@ -64,7 +72,7 @@ async fn wait_for_shutdown() -> Result<()> {
     Ok(())
 }
 
-async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
+async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> Result<()> {
     let rpc_addr = match args.rpc_addr {
         Some(a) => a,
         None => master_addr
@@ -78,6 +86,8 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         rpc_addr,
         http_addr: (rpc_addr.ip(), 0).into(),
         data_dir: dir.join("master"),
+        // Off unless the --tls-* flags (or STRATA_TLS_*) say otherwise.
+        tls: tls.apply(Default::default()),
         ..MasterConfig::default()
     };
     let master = Master::start(master_cfg, factory.clone())
@@ -90,6 +100,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         data_dir: dir.join("worker"),
         memory_capacity: size("memory", &args.memory)?,
         nvme_capacity: size("nvme", &args.nvme)?,
+        tls: tls.apply(Default::default()),
         ..WorkerConfig::default()
     };
     let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
@@ -138,8 +149,9 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     Ok(())
 }
 
-async fn master(args: MasterArgs) -> Result<()> {
+async fn master(args: MasterArgs, tls: &TlsArgs) -> Result<()> {
     let mut cfg: MasterConfig = load_toml(args.config.as_deref())?;
+    cfg.tls = tls.apply(cfg.tls);
     if let Some(a) = args.rpc_addr {
         cfg.rpc_addr = a;
     }
@@ -162,8 +174,9 @@ async fn master(args: MasterArgs) -> Result<()> {
     Ok(())
 }
 
-async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
+async fn worker(master_addr: &str, args: WorkerArgs, tls: &TlsArgs) -> Result<()> {
     let mut cfg: WorkerConfig = load_toml(args.config.as_deref())?;
+    cfg.tls = tls.apply(cfg.tls);
     if args.config.is_none() || std::env::var_os("STRATA_MASTER").is_some() {
         cfg.master_addr = master_addr.to_string();
     }
@@ -195,9 +208,11 @@ async fn worker(master_addr: &str, args: WorkerArgs) -> Result<()> {
     if cfg.sidecar {
         let timeout = std::time::Duration::from_millis(cfg.ufs_timeout_ms);
         let upstream =
-            strata_client::ClusterUpstream::connect(&cfg.master_addr, timeout).await.with_context(|| {
-                format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr)
-            })?;
+            strata_client::ClusterUpstream::connect_tls(&cfg.master_addr, timeout, cfg.tls.clone())
+                .await
+                .with_context(|| {
+                    format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr)
+                })?;
         let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory), Arc::new(upstream)).await?;
         println!("sidecar serving data on unix:{} (http {})", handle.socket_path.display(), handle.http_addr);
         wait_for_shutdown().await?;

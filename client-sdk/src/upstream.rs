@@ -23,9 +23,20 @@ impl ClusterUpstream {
     /// sidecar socket itself (the pod's environment may name the sidecar's own), and one block
     /// request gives up after `request_timeout` (then the sidecar reads the UFS).
     pub async fn connect(master_addr: &str, request_timeout: Duration) -> Result<Self> {
+        Self::connect_tls(master_addr, request_timeout, crate::TlsConfig::from_env()).await
+    }
+
+    /// [`connect`](Self::connect) with these TLS settings (the sidecar's own) instead of the
+    /// environment's.
+    pub async fn connect_tls(
+        master_addr: &str,
+        request_timeout: Duration,
+        tls: crate::TlsConfig,
+    ) -> Result<Self> {
         let mut config = ClientConfig::new(master_addr);
         config.sidecar_socket = None;
         config.request_timeout = request_timeout;
+        config.tls = tls;
         Ok(Self::new(Client::connect(config).await?))
     }
 }
