@@ -15,6 +15,7 @@ use strata_worker::{Worker, WorkerConfig, WorkerHandle};
 use tempfile::TempDir;
 
 pub mod fault_proxy;
+pub mod tls;
 mod ufs;
 
 pub use strata_client;
@@ -31,6 +32,21 @@ pub struct ClusterOptions {
     /// Options of the `/data` mount (block_size, metadata_ttl, ...); they override the UFS's
     /// own (a test can point `endpoint` at a fault proxy).
     pub mount_options: Vec<(String, String)>,
+    /// TLS on both planes with these test certificates (`None`, the default: plain TCP);
+    /// `client_auth` makes the master and workers require client certificates (mTLS).
+    pub tls: Option<ClusterTls>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterTls {
+    pub pki: Arc<tls::TestPki>,
+    pub client_auth: bool,
+}
+
+impl std::fmt::Debug for tls::TestPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPki").field("dir", &self.path("")).finish()
+    }
 }
 
 impl Default for ClusterOptions {
@@ -43,6 +59,7 @@ impl Default for ClusterOptions {
             memory_capacity: 256 << 20,
             nvme_capacity: 1 << 30,
             mount_options: vec![("block_size".into(), "1MiB".into()), ("metadata_ttl".into(), "60s".into())],
+            tls: None,
         }
     }
 }
@@ -56,6 +73,7 @@ pub struct Cluster {
     master_config: MasterConfig,
     workers: Vec<Option<WorkerHandle>>,
     worker_configs: Vec<WorkerConfig>,
+    tls: Option<ClusterTls>,
 }
 
 impl Cluster {
@@ -71,6 +89,7 @@ impl Cluster {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
         let state_dir = tempfile::tempdir().expect("tempdir");
+        let server_tls = opts.tls.as_ref().map(|t| t.pki.server(t.client_auth)).unwrap_or_default();
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
         let mut master_config = MasterConfig {
             rpc_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -78,6 +97,7 @@ impl Cluster {
             data_dir: state_dir.path().join("master"),
             worker_timeout_ms: opts.worker_timeout_ms,
             heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            tls: server_tls.clone(),
             ..MasterConfig::default()
         };
         let master = Master::start(master_config.clone(), factory.clone()).await.expect("master starts");
@@ -91,6 +111,7 @@ impl Cluster {
                 data_dir: state_dir.path().join(format!("worker-{i}")),
                 memory_capacity: opts.memory_capacity,
                 nvme_capacity: opts.nvme_capacity,
+                tls: server_tls.clone(),
                 ..WorkerConfig::default()
             })
             .collect();
@@ -102,6 +123,7 @@ impl Cluster {
             master_config,
             workers: Vec::new(),
             worker_configs,
+            tls: opts.tls,
         };
         for i in 0..opts.workers {
             let w = cluster.spawn_worker(i).await;
@@ -135,6 +157,8 @@ impl Cluster {
         let mut c = ClientConfig::new(self.master_addr());
         c.membership_refresh = Duration::from_millis(200);
         c.request_timeout = Duration::from_secs(20);
+        // The cluster's TLS, never the environment's.
+        c.tls = self.tls.as_ref().map(|t| t.pki.client()).unwrap_or_default();
         c
     }
 
