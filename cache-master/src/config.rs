@@ -44,7 +44,7 @@ pub struct MasterConfig {
     /// start masters and etcd together (the Helm chart) set it so the masters wait for etcd.
     pub meta_connect_timeout_ms: u64,
     /// TLS on the gRPC endpoint (`[tls]` table, see `strata_security::tls::TlsConfig`): `cert`
-    /// + `key` make it speak TLS; `client_auth` (with `ca`) requires every client and worker
+    /// and `key` make it speak TLS; `client_auth` (with `ca`) requires every client and worker
     /// to present a certificate signed by `ca`. Default off.
     pub tls: TlsConfig,
 }

@@ -128,7 +128,7 @@ struct TlsListener {
 
 impl Listener for TlsListener {
     type Accepted = tokio::net::TcpStream;
-    type Stream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Stream = TlsConnection;
 
     fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Accepted, String)>> + Send {
         self.tcp.accept_one()
@@ -139,7 +139,62 @@ impl Listener for TlsListener {
         accepted: Self::Accepted,
     ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
         let tls = self.tls.clone();
-        async move { tls.accept(accepted).await }
+        async move { Ok(TlsConnection(tls.accept(accepted).await?)) }
+    }
+}
+
+/// A TLS data-plane connection. rustls may accept an answer's bytes and hold back part of
+/// their ciphertext when the socket is full; a read (of the next request) first writes that
+/// out, or the peer would wait for it while the worker waits for the peer.
+struct TlsConnection(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl AsyncRead for TlsConnection {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut self.get_mut().0;
+        if this.get_ref().1.wants_write() {
+            std::task::ready!(std::pin::Pin::new(&mut *this).poll_flush(cx))?;
+        }
+        std::pin::Pin::new(this).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConnection {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
     }
 }
 
@@ -220,7 +275,7 @@ impl Connection for tokio::net::UnixStream {
 
 /// TLS encrypts in user space, so a file region is read and written through it (no
 /// `sendfile`), and no descriptor can be passed.
-impl Connection for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+impl Connection for TlsConnection {
     async fn send_file(&mut self, file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         const CHUNK: u64 = 256 * 1024;

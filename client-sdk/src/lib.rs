@@ -289,11 +289,28 @@ impl Client {
                 Some(err)
             }
         };
+        let first_master = channel.masters().first().cloned().unwrap_or_default();
         let view = View::empty(config.clock.now());
         let client = Self::assemble(config, dial, transport, channel, view, HashMap::new());
         let refreshed = match unreachable {
             None => client.refresh_view_with(can_bootstrap).await,
             Some(err) => Err(err),
+        };
+        // gRPC reports a TLS mismatch as a bare "transport error": say what it is.
+        let refreshed = match refreshed {
+            Err(e) if !matches!(e, ClientError::NotFound(_) | ClientError::PermissionDenied(_)) => {
+                match transport::tls_diagnosis(&first_master, &client.inner.dial).await {
+                    Some(why) => {
+                        let what = match e {
+                            ClientError::MasterUnavailable(m) => m,
+                            other => other.to_string(),
+                        };
+                        Err(ClientError::MasterUnavailable(format!("{what}; {why}")))
+                    }
+                    None => Err(e),
+                }
+            }
+            other => other,
         };
         match refreshed {
             Ok(()) => Ok(client),

@@ -278,10 +278,17 @@ macro_rules! delegate {
 
 impl AsyncRead for DataStream {
     fn poll_read(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        // rustls may hold back part of a request's ciphertext when the socket was full: out
+        // with it before waiting for the answer (callers flush too; this makes it certain).
+        if let DataStream::Tls(s) = &mut *self
+            && s.get_ref().1.wants_write()
+        {
+            std::task::ready!(std::pin::Pin::new(s.as_mut()).poll_flush(cx))?;
+        }
         delegate!(self, s => s.poll_read(cx, buf))
     }
 }
@@ -340,6 +347,37 @@ pub(crate) async fn connect_tcp(addr: &str, dial: &Dial) -> Result<DataStream, T
             Err(source) => Err(TransportError::Tls { addr: addr.to_string(), source }),
         },
     }
+}
+
+/// Why a connection to the server at `addr` fails when TLS is the cause, probed on a new
+/// connection (only after a failure: gRPC reports a TLS mismatch as a bare transport error). A
+/// plain client: the server answers a request with a TLS alert. A TLS client: the handshake
+/// fails, or the server sends an alert right after it (a client certificate it refuses, under
+/// TLS 1.3). `None` when nothing TLS-specific shows within a second.
+pub(crate) async fn tls_diagnosis(addr: &str, dial: &Dial) -> Option<String> {
+    const WAIT: Duration = Duration::from_secs(1);
+    let probe = async {
+        let mut stream = match connect_tcp(addr, dial).await {
+            Err(e @ TransportError::Tls { .. }) => return Some(e.to_string()),
+            Err(_) => return None,
+            Ok(stream) => stream,
+        };
+        let mut buf = [0u8; 8];
+        match &dial.tls {
+            Some(_) => match tokio::time::timeout(WAIT, stream.read(&mut buf)).await {
+                Ok(Err(e)) => Some(format!("TLS with {addr}: {e}")),
+                _ => None,
+            },
+            None => {
+                // The start of an HTTP/2 connection, as gRPC would send it.
+                stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
+                let n = tokio::time::timeout(WAIT, stream.read(&mut buf)).await.ok()?.ok()?;
+                (n >= 2 && buf[0] == 0x15 && buf[1] == 0x03)
+                    .then(|| format!("{addr} answered with a TLS alert: it requires TLS (set STRATA_TLS_CA)"))
+            }
+        }
+    };
+    tokio::time::timeout(dial.connect_timeout + 2 * WAIT, probe).await.ok().flatten()
 }
 
 /// Reads a response header. A worker that speaks TLS answers a plain-text request with a TLS
