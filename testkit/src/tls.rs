@@ -24,7 +24,11 @@ impl TestPki {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "strata test CA");
+        // A name of its own: another `TestPki`'s CA is a different CA, not a namesake.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("strata test CA {} {n}", std::process::id());
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, name);
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
         let issue = |names: Vec<String>, usages: Vec<ExtendedKeyUsagePurpose>, stem: &str| {
             let key = KeyPair::generate().expect("key");
