@@ -187,6 +187,7 @@ async fn main() {
     }
     if args.tls_only {
         print_table(&args, readahead, &rows);
+        write_json(&args, readahead, &rows, json!({"loopback_tcp_mib_s": mib_s(size, tcp)}));
         return;
     }
 
@@ -226,14 +227,20 @@ async fn main() {
     }
 
     print_table(&args, readahead, &rows);
+    let ceilings = json!({
+        "loopback_tcp_mib_s": mib_s(size, tcp), "page_cache_read_mib_s": mib_s(size, page_cache),
+        "direct_ufs_read_mib_s": mib_s(size, direct),
+    });
+    write_json(&args, readahead, &rows, ceilings);
+}
+
+/// Every figure to `--json`, if given.
+fn write_json(args: &Args, readahead: usize, rows: &[Row], ceilings: Value) {
     if let Some(path) = &args.json {
         let v = json!({
             "ufs": args.ufs, "size_mib": args.size_mib, "block_mib": args.block_mib, "workers": args.workers,
             "readahead_blocks": readahead,
-            "ceilings": {
-                "loopback_tcp_mib_s": mib_s(size, tcp), "page_cache_read_mib_s": mib_s(size, page_cache),
-                "direct_ufs_read_mib_s": mib_s(size, direct),
-            },
+            "ceilings": ceilings,
             "rows": rows.iter().map(|r| json!({
                 "name": r.name, "unit": r.unit, "value": r.value, "ceiling_name": r.ceiling_name,
                 "ceiling": r.ceiling, "ratio": r.value / r.ceiling, "extra": r.extra,
