@@ -16,7 +16,11 @@
 //!   socket, blocks in its DRAM tier or on its NVMe tier, the client mapping the descriptors it
 //!   passes): warm sequential and random reads vs the same page-cache ceilings, next to the
 //!   framed read through the same socket. Random short-circuit answers are copied into the
-//!   reader's buffer, as `pread` copies.
+//!   reader's buffer, as `pread` copies;
+//! - what TLS costs on the warm sequential read: each worker also serves its data plane with
+//!   TLS on a second port (the same blocks in the same DRAM tier), a second client reads over
+//!   it, and plain and TLS runs alternate (`--tls-rounds` each; the best of each is reported,
+//!   every run is in the JSON). `--tls-only` skips everything but the ceiling and these rows.
 //!
 //! The table goes to stdout; `--json PATH` writes every figure machine-readably.
 
@@ -70,6 +74,12 @@ struct Args {
     /// Skip the short-circuit (sidecar) rows.
     #[arg(long)]
     no_short_circuit: bool,
+    /// Runs each of the warm sequential read with TLS off and on (alternating); 0 skips them.
+    #[arg(long, default_value_t = 3)]
+    tls_rounds: usize,
+    /// Only the loopback ceiling and the TLS off/on rows.
+    #[arg(long)]
+    tls_only: bool,
     /// Write every figure as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -172,6 +182,15 @@ async fn main() {
         extra: json!({"page_cache_read_mib_s": mib_s(size, page_cache)}),
     });
 
+    if args.tls_rounds > 0 {
+        rows.extend(tls_rows(&args, &cluster, &client, size, tcp).await);
+    }
+    if args.tls_only {
+        print_table(&args, readahead, &rows);
+        write_json(&args, readahead, &rows, json!({"loopback_tcp_mib_s": mib_s(size, tcp)}));
+        return;
+    }
+
     let info = client.stat("/data/big.bin").await.expect("stat");
     let run_for = Duration::from_secs_f64(args.secs);
     for len in [4 * KIB, 64 * KIB, MIB] {
@@ -208,14 +227,20 @@ async fn main() {
     }
 
     print_table(&args, readahead, &rows);
+    let ceilings = json!({
+        "loopback_tcp_mib_s": mib_s(size, tcp), "page_cache_read_mib_s": mib_s(size, page_cache),
+        "direct_ufs_read_mib_s": mib_s(size, direct),
+    });
+    write_json(&args, readahead, &rows, ceilings);
+}
+
+/// Every figure to `--json`, if given.
+fn write_json(args: &Args, readahead: usize, rows: &[Row], ceilings: Value) {
     if let Some(path) = &args.json {
         let v = json!({
             "ufs": args.ufs, "size_mib": args.size_mib, "block_mib": args.block_mib, "workers": args.workers,
             "readahead_blocks": readahead,
-            "ceilings": {
-                "loopback_tcp_mib_s": mib_s(size, tcp), "page_cache_read_mib_s": mib_s(size, page_cache),
-                "direct_ufs_read_mib_s": mib_s(size, direct),
-            },
+            "ceilings": ceilings,
             "rows": rows.iter().map(|r| json!({
                 "name": r.name, "unit": r.unit, "value": r.value, "ceiling_name": r.ceiling_name,
                 "ceiling": r.ceiling, "ratio": r.value / r.ceiling, "extra": r.extra,
@@ -223,6 +248,97 @@ async fn main() {
         });
         std::fs::write(path, serde_json::to_string_pretty(&v).expect("json")).expect("write --json file");
     }
+}
+
+/// A transport that sends each worker's reads to another address of it (its TLS port).
+struct Redirect {
+    inner: strata_client::TcpTransport,
+    to: std::collections::HashMap<String, String>,
+}
+
+#[async_trait::async_trait]
+impl strata_client::Transport for Redirect {
+    async fn read_block(
+        &self,
+        addr: &str,
+        req: &strata_common::frame::ReadBlockRequest,
+    ) -> Result<(bytes::Bytes, strata_common::frame::Source), strata_client::TransportError> {
+        self.inner.read_block(self.to.get(addr).map_or(addr, String::as_str), req).await
+    }
+
+    async fn read_block_into(
+        &self,
+        addr: &str,
+        req: &strata_common::frame::ReadBlockRequest,
+        dst: &mut [u8],
+    ) -> Result<strata_common::frame::Source, strata_client::TransportError> {
+        self.inner.read_block_into(self.to.get(addr).map_or(addr, String::as_str), req, dst).await
+    }
+}
+
+/// Warm sequential reads of the same blocks with TLS off and on, alternating, next to the
+/// loopback TCP ceiling.
+async fn tls_rows(args: &Args, cluster: &Cluster, plain: &Client, size: u64, tcp: Duration) -> Vec<Row> {
+    let pki = strata_testkit::tls::TestPki::new();
+    let server = pki.server(false).server().expect("server TLS").expect("configured");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut to = std::collections::HashMap::new();
+    for i in 0..cluster.worker_count() {
+        let w = cluster.worker(i);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        to.insert(w.data_addr.to_string(), listener.local_addr().expect("addr").to_string());
+        // A second listener over the same blocks, for this benchmark alone: it admits every
+        // peer (the cluster's own listeners check tokens).
+        let plane = strata_worker::dataplane::DataPlane {
+            blocks: w.blocks.clone(),
+            grants: w.grants.clone(),
+            view: Default::default(),
+            auth: Arc::new(strata_worker::auth::PeerAuth::open()),
+            connections: Arc::new(strata_worker::dataplane::Connections::from_config(
+                &WorkerConfig::default(),
+            )),
+        };
+        tokio::spawn(strata_worker::dataplane::serve_tls(listener, server.clone(), plane, cancel.clone()));
+    }
+    let mut config = cluster.client_config();
+    if let Some(blocks) = args.readahead {
+        config.readahead_blocks = blocks;
+    }
+    let dial = strata_client::Dial {
+        connect_timeout: config.connect_timeout,
+        tls: pki.client_without_cert().client().expect("client TLS"),
+        credentials: strata_client::Credentials::token(cluster.admin_token().as_deref()),
+    };
+    let inner = strata_client::TcpTransport::new(dial, config.request_timeout);
+    let tls =
+        Client::connect_with_transport(config, Arc::new(Redirect { inner, to })).await.expect("connect");
+    let (mut plain_runs, mut tls_runs) = (Vec::new(), Vec::new());
+    for round in 0..args.tls_rounds {
+        eprintln!("warm sequential, TLS off then on ({}/{})", round + 1, args.tls_rounds);
+        plain_runs.push(mib_s(size, seq_read(plain, "/data/big.bin", size).await));
+        tls_runs.push(mib_s(size, seq_read(&tls, "/data/big.bin", size).await));
+    }
+    cancel.cancel();
+    let best = |runs: &[f64]| runs.iter().copied().fold(0.0, f64::max);
+    let (plain_best, tls_best) = (best(&plain_runs), best(&tls_runs));
+    vec![
+        Row {
+            name: format!("sequential {} MiB warm, TLS off", args.size_mib),
+            unit: "MiB/s",
+            value: plain_best,
+            ceiling_name: "loopback TCP stream",
+            ceiling: mib_s(size, tcp),
+            extra: json!({"runs_mib_s": plain_runs}),
+        },
+        Row {
+            name: format!("sequential {} MiB warm, TLS on", args.size_mib),
+            unit: "MiB/s",
+            value: tls_best,
+            ceiling_name: "loopback TCP stream",
+            ceiling: mib_s(size, tcp),
+            extra: json!({"runs_mib_s": tls_runs, "tls_over_plain": tls_best / plain_best}),
+        },
+    ]
 }
 
 fn print_table(args: &Args, readahead: usize, rows: &[Row]) {

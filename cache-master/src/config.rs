@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use strata_security::tls::TlsConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -52,6 +53,10 @@ pub struct MasterConfig {
     /// File holding the token workers present, read or created like `admin_token_file`.
     /// Default `<data_dir>/worker.token`.
     pub worker_token_file: Option<PathBuf>,
+    /// TLS on the gRPC endpoint (`[tls]` table, see `strata_security::tls::TlsConfig`): `cert`
+    /// and `key` make it speak TLS; `client_auth` (with `ca`) requires every client and worker
+    /// to present a certificate signed by `ca`. Default off.
+    pub tls: TlsConfig,
 }
 
 impl MasterConfig {
@@ -87,6 +92,7 @@ impl Default for MasterConfig {
             auth: true,
             admin_token_file: None,
             worker_token_file: None,
+            tls: TlsConfig::default(),
         }
     }
 }

@@ -115,6 +115,7 @@ pub(crate) async fn start(
     config: MasterConfig,
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
+    rpc_server: tonic::transport::Server,
 ) -> Result<(SocketAddr, SocketAddr, HaStop), MasterError> {
     let ttl = Duration::from_millis(config.leader_lease_ms.max(2_000));
     let op_timeout = (ttl / 3).clamp(Duration::from_millis(500), Duration::from_secs(3));
@@ -147,7 +148,7 @@ pub(crate) async fn start(
     let advertise = config.advertise_addr.clone().unwrap_or_else(|| rpc_addr.to_string());
     let cancel = CancellationToken::new();
     let gate = Gate::new();
-    let server = spawn_gated(listener, gate.clone(), cancel.clone());
+    let server = spawn_gated(rpc_server, listener, gate.clone(), cancel.clone());
     let (roles, election) = etcd.elect(advertise.clone(), ttl, cancel.clone());
     let follower = TermFollower { config, factory, clock, etcd: etcd.clone(), gate, advertise };
     let terms = tokio::spawn(follower.run(roles));
@@ -155,13 +156,16 @@ pub(crate) async fn start(
     Ok((rpc_addr, http_addr, HaStop { etcd, cancel, election, terms, tasks: vec![server, http_task] }))
 }
 
-fn spawn_gated(listener: tokio::net::TcpListener, gate: Gate, cancel: CancellationToken) -> JoinHandle<()> {
+fn spawn_gated(
+    mut server: tonic::transport::Server,
+    listener: tokio::net::TcpListener,
+    gate: Gate,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(gate)
-            .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
-            .await;
+        let result =
+            server.add_service(gate).serve_with_incoming_shutdown(incoming, cancel.cancelled_owned()).await;
         if let Err(e) = result {
             warn!(err = %e, "master rpc server stopped");
         }

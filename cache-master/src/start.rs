@@ -12,6 +12,7 @@ use std::time::Duration;
 use strata_common::background::spawn_loop;
 use strata_common::{SharedClock, clock};
 use strata_proto::master_server::MasterServer;
+use strata_security::tls::TlsError;
 use strata_ufs::UfsFactory;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -40,6 +41,8 @@ pub enum MasterError {
     Store(#[from] StoreError),
     #[error("tokens: {0}")]
     Tokens(#[from] crate::error::OpError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
@@ -100,8 +103,10 @@ impl Master {
         factory: Arc<dyn UfsFactory>,
         clock: SharedClock,
     ) -> Result<MasterHandle, MasterError> {
+        // Certificates are read first: a master with bad TLS material starts nothing.
+        let rpc_server = rpc_server(&config)?;
         if !config.meta.is_empty() {
-            let (rpc_addr, http_addr, stop) = crate::ha::start(config, factory, clock).await?;
+            let (rpc_addr, http_addr, stop) = crate::ha::start(config, factory, clock, rpc_server).await?;
             return Ok(MasterHandle { rpc_addr, http_addr, stop: Stop::Ha(stop) });
         }
         let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
@@ -114,7 +119,7 @@ impl Master {
         let (listener, rpc_addr) = bind_rpc(config.rpc_addr).await?;
         let (http_addr, http_task) = serve_http(config.http_addr, &parts.runner).await?;
         parts.rpc.leader = config.advertise_addr.clone().unwrap_or_else(|| rpc_addr.to_string());
-        let server = spawn_rpc(listener, parts.rpc, cancel.clone());
+        let server = spawn_rpc(rpc_server, listener, parts.rpc, cancel.clone());
 
         let ticker = spawn_liveness_tick(&config, parts.cluster, cancel.clone());
         resume_jobs(&parts.runner, resume, &config);
@@ -298,14 +303,29 @@ pub(crate) fn master_service(rpc: Rpc) -> MasterService {
     Authed::new(server, tokens)
 }
 
-fn spawn_rpc(listener: TcpListener, rpc: Rpc, cancel: CancellationToken) -> JoinHandle<()> {
+/// The gRPC server, speaking TLS when `config.tls` has a certificate and key (and requiring
+/// client certificates with `client_auth`).
+pub(crate) fn rpc_server(config: &MasterConfig) -> Result<tonic::transport::Server, MasterError> {
+    let builder = tonic::transport::Server::builder();
+    match config.tls.server()? {
+        Some(tls) => {
+            Ok(builder.tls_config(tls.tonic()).map_err(|e| TlsError::Rustls(format!("gRPC server: {e}")))?)
+        }
+        None => Ok(builder),
+    }
+}
+
+fn spawn_rpc(
+    mut server: tonic::transport::Server,
+    listener: TcpListener,
+    rpc: Rpc,
+    cancel: CancellationToken,
+) -> JoinHandle<()> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     let svc = master_service(rpc);
     tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
-            .await;
+        let result =
+            server.add_service(svc).serve_with_incoming_shutdown(incoming, cancel.cancelled_owned()).await;
         if let Err(e) = result {
             warn!(err = %e, "master rpc server stopped");
         }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use strata_security::tls::TlsConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -101,6 +102,12 @@ pub struct WorkerConfig {
     /// `SO_PEERCRED` on every connection; any other uid is refused with a `PermissionDenied`
     /// error frame. Default empty: only the sidecar's own uid and root.
     pub socket_allowed_uids: Vec<u32>,
+    /// TLS (`[tls]` table, see `strata_security::tls::TlsConfig`): `cert` + `key` make the TCP
+    /// data plane speak TLS (the sidecar's Unix socket stays plain); `ca` makes the link to the
+    /// master TLS, presenting `cert` when the master requires client certificates;
+    /// `client_auth` requires clients of the data plane to present a certificate signed by
+    /// `ca`. Default off.
+    pub tls: TlsConfig,
 }
 
 /// How a worker answers `OpenBlock` on TCP (see docs/ARCHITECTURE.md, "RDMA").
@@ -168,6 +175,7 @@ impl Default for WorkerConfig {
             idle_timeout_ms: 600_000,
             socket_group: None,
             socket_allowed_uids: Vec::new(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -198,5 +206,11 @@ mod tests {
         assert_eq!(c.nvme_dir(), PathBuf::from("/tmp/x"));
         assert_eq!(c.nvme_capacity, WorkerConfig::default().nvme_capacity);
         assert!(toml::from_str::<WorkerConfig>("memory = 5").is_err());
+        let c: WorkerConfig =
+            toml::from_str("[tls]\ncert = \"/etc/strata/tls.crt\"\nkey = \"/k\"\nclient_auth = true")
+                .unwrap();
+        assert_eq!(c.tls.cert, Some(PathBuf::from("/etc/strata/tls.crt")));
+        assert!(c.tls.client_auth && c.tls.ca.is_none());
+        assert!(toml::from_str::<WorkerConfig>("[tls]\ncrt = \"/x\"").is_err());
     }
 }

@@ -34,6 +34,7 @@ use strata_common::frame::{
     self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
     RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, StatRequest, decode_request_header,
 };
+use strata_security::tls::ServerTls;
 use strata_security::token::Access;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
@@ -83,27 +84,44 @@ fn block_read(req: &ReadBlockRequest) -> BlockRead {
 
 /// A listener the data plane accepts connections on.
 trait Listener: Send + 'static {
-    type Stream: Connection + AsFd;
+    /// An accepted socket, before [`establish`](Self::establish) (refused at the limits as it is).
+    type Accepted: AsFd + Send + 'static;
+    type Stream: Connection;
     /// The next connection and its peer (for the limits and for logs).
-    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Stream, Peer)>> + Send;
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Accepted, Peer)>> + Send;
+    /// Turns an accepted socket into a connection (the TLS handshake, if any). It runs in the
+    /// connection's own task, so a slow or silent peer never holds up accepting the next.
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static;
 }
 
 impl Listener for TcpListener {
+    type Accepted = tokio::net::TcpStream;
     type Stream = tokio::net::TcpStream;
 
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+    async fn accept_one(&self) -> std::io::Result<(Self::Accepted, Peer)> {
         let (stream, peer) = self.accept().await?;
         if let Err(e) = stream.set_nodelay(true) {
             debug!(%peer, err = %e, "cannot set TCP_NODELAY");
         }
         Ok((stream, Peer::Tcp(peer)))
     }
+
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
+        std::future::ready(Ok(accepted))
+    }
 }
 
 impl Listener for UnixListener {
+    type Accepted = tokio::net::UnixStream;
     type Stream = tokio::net::UnixStream;
 
-    async fn accept_one(&self) -> std::io::Result<(Self::Stream, Peer)> {
+    async fn accept_one(&self) -> std::io::Result<(Self::Accepted, Peer)> {
         let (stream, _) = self.accept().await?;
         // SO_PEERCRED: who connected, as the kernel saw it at connect().
         let peer = match stream.peer_cred() {
@@ -114,6 +132,92 @@ impl Listener for UnixListener {
             }
         };
         Ok((stream, peer))
+    }
+
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
+        std::future::ready(Ok(accepted))
+    }
+}
+
+/// TCP whose connections complete a TLS handshake (within
+/// [`HANDSHAKE_TIMEOUT`](strata_security::tls::HANDSHAKE_TIMEOUT)) before their first frame.
+struct TlsListener {
+    tcp: TcpListener,
+    tls: ServerTls,
+}
+
+impl Listener for TlsListener {
+    type Accepted = tokio::net::TcpStream;
+    type Stream = TlsConnection;
+
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Accepted, Peer)>> + Send {
+        self.tcp.accept_one()
+    }
+
+    fn establish(
+        &self,
+        accepted: Self::Accepted,
+    ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
+        let tls = self.tls.clone();
+        async move { Ok(TlsConnection(tls.accept(accepted).await?)) }
+    }
+}
+
+/// A TLS data-plane connection. rustls may accept an answer's bytes and hold back part of
+/// their ciphertext when the socket is full; a read (of the next request) first writes that
+/// out, or the peer would wait for it while the worker waits for the peer.
+struct TlsConnection(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl AsyncRead for TlsConnection {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut self.get_mut().0;
+        if this.get_ref().1.wants_write() {
+            std::task::ready!(std::pin::Pin::new(&mut *this).poll_flush(cx))?;
+        }
+        std::pin::Pin::new(this).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConnection {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
     }
 }
 
@@ -192,6 +296,38 @@ impl Connection for tokio::net::UnixStream {
     }
 }
 
+/// TLS encrypts in user space, so a file region is read and written through it (no
+/// `sendfile`), and no descriptor can be passed.
+impl Connection for TlsConnection {
+    async fn send_file(&mut self, file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        const CHUNK: u64 = 256 * 1024;
+        let mut buf = vec![0u8; len.min(CHUNK) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(CHUNK) as usize;
+            // A verified block's file, mostly in the page cache: as blocking as `sendfile` is.
+            let n = file.read_at(&mut buf[..want], offset + done)?;
+            if n == 0 {
+                // As for `sendfile`: fewer bytes than announced, the connection must not go on.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "block file ended before the range",
+                ));
+            }
+            self.write_all(&buf[..n]).await?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    const PASSES_FDS: bool = false;
+
+    async fn write_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "TLS cannot pass a descriptor"))
+    }
+}
+
 /// One `sendfile(2)` call of at most `left` bytes from `*offset`, which it advances.
 fn sendfile_once(socket: RawFd, file: RawFd, offset: &mut u64, left: u64) -> std::io::Result<usize> {
     // Linux sends at most 0x7ffff000 bytes per call.
@@ -211,6 +347,11 @@ pub async fn serve(listener: TcpListener, plane: DataPlane, cancel: Cancellation
     serve_on(listener, plane, cancel).await
 }
 
+/// Serves the data plane on TCP with TLS: every connection completes a handshake first.
+pub async fn serve_tls(listener: TcpListener, tls: ServerTls, plane: DataPlane, cancel: CancellationToken) {
+    serve_on(TlsListener { tcp: listener, tls }, plane, cancel).await
+}
+
 /// Serves the data plane on a Unix socket: the sidecar's route for the processes of its pod.
 pub async fn serve_unix(listener: UnixListener, plane: DataPlane, cancel: CancellationToken) {
     serve_on(listener, plane, cancel).await
@@ -224,9 +365,12 @@ async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: Cancellati
             a = listener.accept_one() => a,
         };
         match accepted {
-            Ok((stream, peer)) => match plane.connections.admit(&peer) {
-                Ok(permit) => spawn_connection(&tracker, stream, peer, permit, plane.clone(), cancel.clone()),
-                Err(refusal) => admission::refuse(stream, &peer, &refusal),
+            Ok((accepted, peer)) => match plane.connections.admit(&peer) {
+                Ok(permit) => {
+                    let establish = listener.establish(accepted);
+                    spawn_connection(&tracker, establish, peer, permit, plane.clone(), cancel.clone())
+                }
+                Err(refusal) => admission::refuse(accepted, &peer, &refusal),
             },
             Err(e) => {
                 warn!(err = %e, "accept failed");
@@ -245,7 +389,7 @@ async fn serve_on<L: Listener>(listener: L, plane: DataPlane, cancel: Cancellati
 
 fn spawn_connection<S: Connection>(
     tracker: &TaskTracker,
-    stream: S,
+    establish: impl Future<Output = std::io::Result<S>> + Send + 'static,
     peer: Peer,
     permit: Permit,
     plane: DataPlane,
@@ -254,7 +398,7 @@ fn spawn_connection<S: Connection>(
     tracker.spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
-            r = connection(Timed::new(stream, permit), plane) => {
+            r = async { connection(Timed::new(establish.await?, permit), plane).await } => {
                 if let Err(e) = r {
                     debug!(%peer, err = %e, "data-plane connection ended");
                 }

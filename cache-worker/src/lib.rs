@@ -69,6 +69,8 @@ pub enum WorkerError {
     Socket { path: String, source: std::io::Error },
     #[error("sidecar: {reason}")]
     Sidecar { reason: String },
+    #[error(transparent)]
+    Tls(#[from] strata_security::tls::TlsError),
     #[error("RDMA: {0}")]
     Rdma(#[from] grants::RdmaError),
     #[error("worker token: {0}")]
@@ -196,9 +198,11 @@ impl Worker {
         let blocks = open_blocks(&config, factory, clock.clone()).await?;
         let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
         let token = config.resolve_token()?;
-        let master = master_link::connect(&config.master_addr, token.as_deref()).map_err(|e| {
-            WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() }
-        })?;
+        let server_tls = config.tls.server()?;
+        let master =
+            master_link::connect(&config.master_addr, token.as_deref(), config.tls.client()?).map_err(
+                |e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() },
+            )?;
         blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
             client: master.clone(),
             worker_id: worker_id.clone(),
@@ -226,7 +230,10 @@ impl Worker {
             auth: auth.clone(),
             connections: connections.clone(),
         };
-        let dp = tokio::spawn(dataplane::serve(listener, plane, cancel.clone()));
+        let dp = match server_tls {
+            Some(tls) => tokio::spawn(dataplane::serve_tls(listener, tls, plane, cancel.clone())),
+            None => tokio::spawn(dataplane::serve(listener, plane, cancel.clone())),
+        };
         let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
 
         let identity = master_link::Identity {

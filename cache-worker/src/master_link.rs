@@ -16,6 +16,7 @@ use strata_proto::{
     BlockReport, Empty, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage,
     WorkerCounters, WorkerMountsRequest, WorkerTokensRequest,
 };
+use strata_security::tls::ClientTls;
 use strata_security::token::{Identity as TokenIdentity, Role, TokenTable};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -40,13 +41,22 @@ pub struct Identity {
 }
 
 /// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
-/// (`master_addr` a comma-separated list): calls follow the leader through a failover.
-/// Every call presents `token` (the worker's).
-pub fn connect(master_addr: &str, token: Option<&str>) -> Result<MasterConn, tonic::transport::Error> {
-    strata_proto::leader::master_conn(master_addr, token, |addr| {
-        Ok(tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(10)))
+/// (`master_addr` a comma-separated list): calls follow the leader through a failover. Every
+/// call presents `token` (the worker's); with `tls`, over TLS (the worker's own certificate
+/// presented when the master asks for one).
+pub fn connect(
+    master_addr: &str,
+    token: Option<&str>,
+    tls: Option<ClientTls>,
+) -> Result<MasterConn, tonic::transport::Error> {
+    strata_proto::leader::master_conn(master_addr, token, move |addr| {
+        let endpoint = match &tls {
+            Some(tls) => {
+                tonic::transport::Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.tonic())?
+            }
+            None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?,
+        };
+        Ok(endpoint.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(10)))
     })
 }
 

@@ -84,7 +84,7 @@ pub async fn start_with_clock(
     let grants = Arc::new(Grants::from_config(&config, clock.clone())?);
     blocks.set_upstream(upstream);
     let token = config.resolve_token()?;
-    let master = master_link::connect(&config.master_addr, token.as_deref())
+    let master = master_link::connect(&config.master_addr, token.as_deref(), config.tls.client()?)
         .map_err(|e| WorkerError::MasterAddr { addr: config.master_addr.clone(), reason: e.to_string() })?;
     blocks.mounts().set_source(Arc::new(master_link::MasterMounts {
         client: master.clone(),

@@ -5,14 +5,17 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use strata_client::{Client, ClientConfig, FileInfo};
+use strata_client::{Client, ClientConfig, FileInfo, TlsConfig};
 use strata_common::units::parse_size;
 use strata_master::{Master, MasterConfig};
 use strata_ufs::OpendalFactory;
 use strata_worker::{Worker, WorkerConfig};
 use tokio::io::AsyncReadExt;
 
-use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, TokenCommand, WorkerArgs};
+use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, TlsArgs, TokenCommand, WorkerArgs};
+
+/// The client TLS settings of this invocation (`--tls-*` over `STRATA_TLS_*`), set once in `run`.
+static CLIENT_TLS: std::sync::OnceLock<TlsConfig> = std::sync::OnceLock::new();
 
 /// How the CLI reaches the cluster: the master(s) and the token it presents.
 pub struct Target {
@@ -22,15 +25,16 @@ pub struct Target {
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
+    let _ = CLIENT_TLS.set(cli.tls.apply(TlsConfig::default()));
     let token = match &cli.token_file {
         Some(file) => Some(strata_security::token::read_token_file(file)?),
         None => None,
     };
     let t = Target { master: cli.master.clone(), token };
     match cli.command {
-        Command::Standalone(args) => standalone(&t.master, args).await,
-        Command::Master(args) => master(args).await,
-        Command::Worker(args) => worker(&t, args).await,
+        Command::Standalone(args) => standalone(&t.master, args, &cli.tls).await,
+        Command::Master(args) => master(args, &cli.tls).await,
+        Command::Worker(args) => worker(&t, args, &cli.tls).await,
         Command::Mount(cmd) => mount(&t, cmd).await,
         Command::Ls { path, json } => ls(&t, &path, json).await,
         Command::Stat { path, sync, json } => stat(&t, &path, sync, json).await,
@@ -66,7 +70,11 @@ async fn connect(target: &Target) -> Result<Client> {
     connect_with(config).await
 }
 
-async fn connect_with(config: ClientConfig) -> Result<Client> {
+/// Connects with `config`, the invocation's TLS settings applied.
+async fn connect_with(mut config: ClientConfig) -> Result<Client> {
+    if let Some(tls) = CLIENT_TLS.get() {
+        config.tls = tls.clone();
+    }
     let master = config.master_addr.clone();
     Client::connect(config).await.map_err(|e| anyhow::anyhow!(e)).with_context(|| {
         format!("is a master running at {master}? (start one with `strata standalone`, or set --master / STRATA_MASTER)")
@@ -86,7 +94,7 @@ async fn wait_for_shutdown() -> Result<()> {
     Ok(())
 }
 
-async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
+async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> Result<()> {
     let rpc_addr = match args.rpc_addr {
         Some(a) => a,
         None => master_addr
@@ -104,6 +112,8 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         data_dir: dir.join("master"),
         auth: !args.no_auth,
         admin_token_file: Some(admin_token_file.clone()),
+        // Off unless the --tls-* flags (or STRATA_TLS_*) say otherwise.
+        tls: tls.apply(Default::default()),
         ..MasterConfig::default()
     };
     let worker_token_file = master_cfg.token_files().worker_file;
@@ -118,6 +128,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
         memory_capacity: size("memory", &args.memory)?,
         nvme_capacity: size("nvme", &args.nvme)?,
         token_file: Some(worker_token_file).filter(|_| !args.no_auth),
+        tls: tls.apply(Default::default()),
         ..WorkerConfig::default()
     };
     let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
@@ -179,8 +190,9 @@ async fn standalone(master_addr: &str, args: StandaloneArgs) -> Result<()> {
     Ok(())
 }
 
-async fn master(args: MasterArgs) -> Result<()> {
+async fn master(args: MasterArgs, tls: &TlsArgs) -> Result<()> {
     let mut cfg: MasterConfig = load_toml(args.config.as_deref())?;
+    cfg.tls = tls.apply(cfg.tls);
     if let Some(a) = args.rpc_addr {
         cfg.rpc_addr = a;
     }
@@ -212,8 +224,9 @@ async fn master(args: MasterArgs) -> Result<()> {
     Ok(())
 }
 
-async fn worker(target: &Target, args: WorkerArgs) -> Result<()> {
+async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> {
     let mut cfg: WorkerConfig = load_toml(args.config.as_deref())?;
+    cfg.tls = tls.apply(cfg.tls);
     if args.config.is_none() || std::env::var_os("STRATA_MASTER").is_some() {
         cfg.master_addr = target.master.clone();
     }
@@ -264,9 +277,11 @@ async fn worker(target: &Target, args: WorkerArgs) -> Result<()> {
         let timeout = std::time::Duration::from_millis(cfg.ufs_timeout_ms);
         let token = cfg.resolve_token()?;
         let upstream =
-            strata_client::ClusterUpstream::connect(&cfg.master_addr, token, timeout).await.with_context(
-                || format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr),
-            )?;
+            strata_client::ClusterUpstream::connect_tls(&cfg.master_addr, token, timeout, cfg.tls.clone())
+                .await
+                .with_context(|| {
+                    format!("sidecar: cannot reach the cluster through the master at {}", cfg.master_addr)
+                })?;
         let handle = strata_worker::sidecar::start(cfg, Arc::new(OpendalFactory), Arc::new(upstream)).await?;
         println!("sidecar serving data on unix:{} (http {})", handle.socket_path.display(), handle.http_addr);
         wait_for_shutdown().await?;

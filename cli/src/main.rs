@@ -40,8 +40,52 @@ struct Cli {
     /// <STRATA_DIR or .strata>/admin.token. `strata worker` presents it to the master and peers.
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// TLS (see docs/SECURITY.md). The same files name what this process trusts and presents:
+/// clients (and a worker's link to its master) speak TLS when --tls-ca is set; `master` and
+/// `worker` serve TLS with --tls-cert and --tls-key (flags override the config file's [tls]).
+#[derive(Args)]
+struct TlsArgs {
+    /// PEM CA bundle trusted for servers (and, with --tls-client-auth, for clients). Set: TLS on.
+    #[arg(long = "tls-ca", global = true, env = "STRATA_TLS_CA", value_name = "PEM")]
+    ca: Option<PathBuf>,
+    /// PEM certificate presented: a master's or worker's server certificate, a client's for mTLS.
+    #[arg(long = "tls-cert", global = true, env = "STRATA_TLS_CERT", value_name = "PEM")]
+    cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long = "tls-key", global = true, env = "STRATA_TLS_KEY", value_name = "PEM")]
+    key: Option<PathBuf>,
+    /// Name checked in server certificates instead of the host dialled.
+    #[arg(long = "tls-server-name", global = true, env = "STRATA_TLS_SERVER_NAME", value_name = "NAME")]
+    server_name: Option<String>,
+    /// `master`/`worker`: require clients to present a certificate signed by --tls-ca (mTLS).
+    #[arg(long = "tls-client-auth", global = true, env = "STRATA_TLS_CLIENT_AUTH")]
+    client_auth: bool,
+}
+
+impl TlsArgs {
+    /// `tls` (from a config file, or the default) with the flags given on top.
+    fn apply(&self, mut tls: strata_client::TlsConfig) -> strata_client::TlsConfig {
+        if let Some(p) = &self.ca {
+            tls.ca = Some(p.clone());
+        }
+        if let Some(p) = &self.cert {
+            tls.cert = Some(p.clone());
+        }
+        if let Some(p) = &self.key {
+            tls.key = Some(p.clone());
+        }
+        if let Some(n) = &self.server_name {
+            tls.server_name = Some(n.clone());
+        }
+        tls.client_auth |= self.client_auth;
+        tls
+    }
 }
 
 #[derive(Subcommand)]

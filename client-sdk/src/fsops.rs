@@ -15,10 +15,9 @@ use strata_common::frame::{
 use strata_common::{BlockKey, block_slices, path};
 use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::warn;
 
-use crate::transport::Sink;
+use crate::transport::{DataStream, ParkedStream, Sink};
 use crate::{Client, ClientError, FileInfo, Result, TransportError};
 
 /// Writes smaller than this are gathered into one data frame; larger ones go out as they are.
@@ -90,13 +89,12 @@ impl Client {
         Err(ClientError::unserved(last_err, "no live workers"))
     }
 
-    async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<TcpStream, TransportError> {
-        let mut stream =
-            crate::transport::connect_tcp(addr, self.config().connect_timeout, &self.inner.credentials)
-                .await?;
+    async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<DataStream, TransportError> {
+        let mut stream = crate::transport::connect_tcp(addr, self.dial()).await?;
         let begin = WriteBegin { req_id: 1, path: p.to_string() }.encode();
         let exchange = async {
             stream.write_all(&begin).await.map_err(|source| io_err(addr, source))?;
+            stream.flush().await.map_err(|source| io_err(addr, source))?;
             read_answer(&mut stream, addr).await
         };
         tokio::time::timeout(self.config().request_timeout, exchange)
@@ -147,9 +145,9 @@ fn io_err(addr: &str, source: std::io::Error) -> TransportError {
 }
 
 /// Reads a payload-less answer: `Ok` or the worker's error.
-async fn read_answer(stream: &mut TcpStream, addr: &str) -> std::result::Result<(), TransportError> {
+async fn read_answer(stream: &mut DataStream, addr: &str) -> std::result::Result<(), TransportError> {
     let mut head = [0u8; RESPONSE_HEADER_LEN];
-    stream.read_exact(&mut head).await.map_err(|source| io_err(addr, source))?;
+    crate::transport::read_head(stream, addr, &mut head).await?;
     let head = ResponseHeader::decode(&head)
         .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
     match head.status {
@@ -181,11 +179,11 @@ pub struct StrataWriter {
     written: u64,
 }
 
-/// The writer's connection: registered with the runtime, or parked as a plain socket between
+/// The writer's connection: registered with the runtime, or parked (detached from it) between
 /// calls of a host that may replace its runtime (the Python binding does, around `fork`).
 enum WriteConn {
-    Live(TcpStream),
-    Parked(std::net::TcpStream),
+    Live(DataStream),
+    Parked(ParkedStream),
 }
 
 impl StrataWriter {
@@ -210,7 +208,7 @@ impl StrataWriter {
             return Ok(());
         }
         let Some(WriteConn::Live(stream)) = self.stream.take() else { unreachable!("checked above") };
-        let parked = stream.into_std().map_err(|e| {
+        let parked = stream.park().map_err(|e| {
             ClientError::unavailable(format!("write to {}: cannot detach the connection: {e}", self.addr))
         })?;
         self.stream = Some(WriteConn::Parked(parked));
@@ -224,12 +222,12 @@ impl StrataWriter {
     }
 
     /// The connection, attached to the runtime this runs in.
-    fn live_stream(&mut self) -> Result<&mut TcpStream> {
+    fn live_stream(&mut self) -> Result<&mut DataStream> {
         let conn =
             self.stream.take().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
         let stream = match conn {
             WriteConn::Live(stream) => stream,
-            WriteConn::Parked(parked) => TcpStream::from_std(parked).map_err(|e| {
+            WriteConn::Parked(parked) => parked.attach().map_err(|e| {
                 ClientError::unavailable(format!("write to {}: cannot attach the connection: {e}", self.addr))
             })?,
         };
@@ -269,7 +267,9 @@ impl StrataWriter {
             let n = data.len().min(MAX_WRITE_CHUNK);
             let frame = async {
                 stream.write_all(&request_header(Op::WriteData, n)).await?;
-                stream.write_all(&data[..n]).await
+                stream.write_all(&data[..n]).await?;
+                // Nothing held back in TLS: the connection may be parked after this call.
+                stream.flush().await
             };
             match tokio::time::timeout(timeout, frame).await {
                 Ok(Ok(())) => {}
@@ -300,6 +300,7 @@ impl StrataWriter {
         let addr = self.addr.clone();
         let end = async {
             stream.write_all(&request_header(Op::WriteEnd, 0)).await.map_err(|e| io_err(&addr, e))?;
+            stream.flush().await.map_err(|e| io_err(&addr, e))?;
             read_answer(&mut stream, &addr).await
         };
         let answer = tokio::time::timeout(self.timeout(), end)

@@ -60,9 +60,10 @@ pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
+pub use strata_security::tls::TlsConfig;
 #[cfg(any(test, feature = "testing"))]
 pub use transport::FaultyTransport;
-pub use transport::{Credentials, TcpTransport, Transport, TransportError, UnixTransport};
+pub use transport::{Credentials, DataStream, Dial, TcpTransport, Transport, TransportError, UnixTransport};
 pub use upstream::ClusterUpstream;
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
@@ -123,6 +124,12 @@ pub struct ClientConfig {
     /// Decides metadata TTLs, the membership refresh and how long short-circuit mappings are
     /// kept. Default the machine's clock; tests inject a `ManualClock` instead of sleeping.
     pub clock: SharedClock,
+    /// TLS to the master and the workers' TCP data plane (a sidecar's Unix socket stays
+    /// plain): on when `tls.ca` is set; `cert` + `key` are presented to servers that require
+    /// client certificates; `server_name` is checked in every server's certificate instead of
+    /// the host dialled. Default from `STRATA_TLS_CA`, `STRATA_TLS_CERT`, `STRATA_TLS_KEY`,
+    /// `STRATA_TLS_SERVER_NAME` (see [`TlsConfig::from_env`]); none set: plain TCP.
+    pub tls: TlsConfig,
     /// The token presented to the master (every call) and to workers (every new connection).
     /// Default: `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else a standalone's
     /// `<STRATA_DIR or .strata>/admin.token` when it exists; `None` for a cluster with
@@ -168,6 +175,7 @@ impl ClientConfig {
             listing_cache_entries: 100_000,
             clock: strata_common::clock::system(),
             token: token_from_env(),
+            tls: TlsConfig::from_env(),
         }
     }
 }
@@ -237,6 +245,8 @@ impl View {
 
 struct Inner {
     config: ClientConfig,
+    /// How data-plane connections are made (timeout, TLS), from `config`.
+    dial: Dial,
     master: MasterClient<LeaderChannel>,
     transport: Arc<dyn Transport>,
     /// The sidecar's socket path and the transport that reaches it.
@@ -248,8 +258,6 @@ struct Inner {
     failovers: std::sync::atomic::AtomicU64,
     outage: Outage,
     listings: Listings,
-    /// What new data-plane connections present (the config's token).
-    credentials: transport::Credentials,
 }
 
 /// A cheap-to-clone handle; clones share connections and caches.
@@ -268,12 +276,7 @@ impl Client {
             strata_security::token::client_token_from_env()
                 .map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         }
-        let transport = rdma::transport_for(
-            config.rdma,
-            config.connect_timeout,
-            config.request_timeout,
-            &credentials(&config),
-        );
+        let transport = rdma::transport_for(config.rdma, &dial(&config)?, config.request_timeout);
         Self::connect_with_transport(config, transport).await
     }
 
@@ -282,7 +285,8 @@ impl Client {
     /// membership and mounts, in an outage that began when that worker last heard from the
     /// master (see [`outage`]).
     pub async fn connect_with_transport(config: ClientConfig, transport: Arc<dyn Transport>) -> Result<Self> {
-        let channel = master_channel(&config)?;
+        let dial = dial(&config)?;
+        let channel = master_channel(&config, &dial)?;
         let can_bootstrap = config.sidecar_socket.is_some() || !config.workers.is_empty();
         // A stopped master accepts the connection and never answers: bounded when there is
         // somewhere else to start from.
@@ -291,7 +295,7 @@ impl Client {
         // Fail fast when no master answers at all; which one leads is the channel's business.
         let mut last_err = None;
         for addr in channel.masters() {
-            match tokio::time::timeout(deadline, master_endpoint(&config, addr)?.connect()).await {
+            match tokio::time::timeout(deadline, master_endpoint(&dial, addr)?.connect()).await {
                 Ok(Ok(_)) => {
                     last_err = None;
                     break;
@@ -303,8 +307,9 @@ impl Client {
         let unreachable = match last_err {
             None => None,
             Some(e) => {
+                let over = if config.tls.ca.is_some() { " over TLS" } else { "" };
                 let err = ClientError::MasterUnavailable(format!(
-                    "cannot reach the master at {}: {e}",
+                    "cannot reach the master at {}{over}: {e}",
                     config.master_addr
                 ));
                 if !can_bootstrap {
@@ -313,11 +318,28 @@ impl Client {
                 Some(err)
             }
         };
+        let first_master = channel.masters().first().cloned().unwrap_or_default();
         let view = View::empty(config.clock.now());
-        let client = Self::assemble(config, transport, channel, view, HashMap::new());
+        let client = Self::assemble(config, dial, transport, channel, view, HashMap::new());
         let refreshed = match unreachable {
             None => client.refresh_view_with(can_bootstrap).await,
             Some(err) => Err(err),
+        };
+        // gRPC reports a TLS mismatch as a bare "transport error": say what it is.
+        let refreshed = match refreshed {
+            Err(e) if !matches!(e, ClientError::NotFound(_) | ClientError::PermissionDenied(_)) => {
+                match transport::tls_diagnosis(&first_master, &client.inner.dial).await {
+                    Some(why) => {
+                        let what = match e {
+                            ClientError::MasterUnavailable(m) => m,
+                            other => other.to_string(),
+                        };
+                        Err(ClientError::MasterUnavailable(format!("{what}; {why}")))
+                    }
+                    None => Err(e),
+                }
+            }
+            other => other,
         };
         match refreshed {
             Ok(()) => Ok(client),
@@ -342,8 +364,8 @@ impl Client {
                 &frame,
                 req_id,
                 strata_proto::MAX_MESSAGE_BYTES as u64,
-                self.timeouts(),
-                &self.inner.credentials,
+                &self.inner.dial,
+                self.ask_timeout(),
             )
             .await;
             let view = match answer.map(|b| strata_proto::WorkerView::from_bytes(&b)) {
@@ -378,8 +400,14 @@ impl Client {
         )))
     }
 
-    fn timeouts(&self) -> (Duration, Duration) {
-        (self.inner.config.connect_timeout, self.inner.config.connect_timeout.max(FALLBACK_DEADLINE))
+    /// Deadline of a metadata request asked of a worker.
+    fn ask_timeout(&self) -> Duration {
+        self.inner.config.connect_timeout.max(FALLBACK_DEADLINE)
+    }
+
+    /// How this client makes data-plane connections (timeout, TLS).
+    pub(crate) fn dial(&self) -> &Dial {
+        &self.inner.dial
     }
 
     /// Who to ask for metadata when the master is unreachable: the sidecar, then the workers
@@ -410,16 +438,8 @@ impl Client {
         let req_id = 1;
         let frame = StatRequest { req_id, path: p.to_string() }.encode();
         for (via, addr) in self.worker_candidates(Some(p)) {
-            match transport::ask(
-                via,
-                &addr,
-                &frame,
-                req_id,
-                1 << 20,
-                self.timeouts(),
-                &self.inner.credentials,
-            )
-            .await
+            match transport::ask(via, &addr, &frame, req_id, 1 << 20, &self.inner.dial, self.ask_timeout())
+                .await
             {
                 Ok(bytes) => match FileStat::decode(&bytes) {
                     Ok(stat) => return Some(Ok(FileInfo::from(stat))),
@@ -485,26 +505,23 @@ impl Client {
     /// the runtime that will run it.
     pub fn with_new_connections(&self) -> Result<Self> {
         let config = self.inner.config.clone();
-        let channel = master_channel(&config)?;
-        let transport = rdma::transport_for(
-            config.rdma,
-            config.connect_timeout,
-            config.request_timeout,
-            &credentials(&config),
-        );
+        let dial = self.inner.dial.clone();
+        let channel = master_channel(&config, &dial)?;
+        let transport = rdma::transport_for(config.rdma, &dial, config.request_timeout);
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone();
         let stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(Self::assemble(config, transport, channel, view, stats))
+        Ok(Self::assemble(config, dial, transport, channel, view, stats))
     }
 
     fn assemble(
         config: ClientConfig,
+        dial: Dial,
         transport: Arc<dyn Transport>,
         channel: LeaderChannel,
         view: View,
         stats: HashMap<String, (Instant, FileInfo)>,
     ) -> Self {
-        let credentials = credentials(&config);
+        let credentials = dial.credentials.clone();
         let sidecar = config.sidecar_socket.as_ref().map(|p| {
             let t: Arc<dyn Transport> = Arc::new(UnixTransport::with_credentials(
                 config.connect_timeout,
@@ -540,8 +557,8 @@ impl Client {
                     &config.master_addr,
                 ),
                 listings: Listings::new(config.listing_cache_entries),
-                credentials,
                 config,
+                dial,
             }),
         }
     }
@@ -981,40 +998,43 @@ impl Client {
     }
 }
 
+/// How data-plane connections are made: the connect timeout, TLS when `config.tls` says (its
+/// files read here, once per client), and the token presented on each.
+fn dial(config: &ClientConfig) -> Result<Dial> {
+    let tls = config.tls.client().map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+    let credentials = transport::Credentials::token(config.token.as_ref().map(|t| t.0.as_str()));
+    Ok(Dial { connect_timeout: config.connect_timeout, tls, credentials })
+}
+
 /// A master's gRPC endpoint with the client's timeouts.
-fn master_endpoint(config: &ClientConfig, addr: &str) -> Result<Endpoint> {
-    endpoint_for(addr, config.connect_timeout)
+fn master_endpoint(dial: &Dial, addr: &str) -> Result<Endpoint> {
+    endpoint_for(addr, dial)
         .map_err(|e| ClientError::InvalidArgument(format!("master address {addr:?}: {e}")))
 }
 
-fn endpoint_for(
-    addr: &str,
-    connect_timeout: Duration,
-) -> std::result::Result<Endpoint, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(connect_timeout)
-        .timeout(Duration::from_secs(30)))
+/// `https://` with the same TLS as the data plane when the client speaks TLS.
+fn endpoint_for(addr: &str, dial: &Dial) -> std::result::Result<Endpoint, tonic::transport::Error> {
+    let endpoint = match &dial.tls {
+        Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.tonic())?,
+        None => Endpoint::from_shared(format!("http://{addr}"))?,
+    };
+    Ok(endpoint.connect_timeout(dial.connect_timeout).timeout(Duration::from_secs(30)))
 }
 
 /// The channel to the master, or to the masters of an HA cluster (`master_addr` a
 /// comma-separated list), following the leader.
-fn master_channel(config: &ClientConfig) -> Result<LeaderChannel> {
+fn master_channel(config: &ClientConfig, dial: &Dial) -> Result<LeaderChannel> {
     let masters = strata_common::master_addrs(&config.master_addr);
     if masters.is_empty() {
         return Err(ClientError::InvalidArgument(format!("no master address in {:?}", config.master_addr)));
     }
     for addr in &masters {
-        master_endpoint(config, addr)?;
+        master_endpoint(dial, addr)?;
     }
-    let connect_timeout = config.connect_timeout;
+    let dial = dial.clone();
     let token = config.token.as_ref().map(|t| t.0.as_str());
-    LeaderChannel::new(masters, token, move |addr| endpoint_for(addr, connect_timeout), DEFAULT_FOLLOW_FOR)
+    LeaderChannel::new(masters, token, move |addr| endpoint_for(addr, &dial), DEFAULT_FOLLOW_FOR)
         .map_err(|e| ClientError::InvalidArgument(format!("master address {:?}: {e}", config.master_addr)))
-}
-
-/// What a client's data-plane connections present: its token, if it has one.
-fn credentials(config: &ClientConfig) -> transport::Credentials {
-    transport::Credentials::token(config.token.as_ref().map(|t| t.0.as_str()))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

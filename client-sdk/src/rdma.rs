@@ -27,11 +27,10 @@ use strata_common::frame::{
     BlockGrant, GrantHandle, GrantKind, LeaseRelease, ReadBlockRequest, RemoteRead, Source,
 };
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::transport::{
-    Credentials, Sink, TcpPool, TcpTransport, Transport, TransportError, read_response, reusable,
+    DataStream, Dial, Sink, TcpPool, TcpTransport, Transport, TransportError, read_response, reusable,
 };
 #[cfg(feature = "rdma")]
 pub use verbs::VerbsReader;
@@ -70,22 +69,9 @@ pub struct EmulatedReader {
 }
 
 impl EmulatedReader {
-    /// Without a token (a cluster with authentication off).
-    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
-        Self::with_credentials(connect_timeout, request_timeout, Credentials::none())
-    }
-
-    /// Presenting `credentials` on every new connection.
-    pub fn with_credentials(
-        connect_timeout: Duration,
-        request_timeout: Duration,
-        credentials: Credentials,
-    ) -> Self {
-        Self {
-            pool: TcpPool::new(connect_timeout, credentials),
-            request_timeout,
-            next_req_id: AtomicU64::new(1),
-        }
+    /// `dial`: how connections are made (a `Duration` is plain TCP with that connect timeout).
+    pub fn new(dial: impl Into<Dial>, request_timeout: Duration) -> Self {
+        Self { pool: TcpPool::new(dial), request_timeout, next_req_id: AtomicU64::new(1) }
     }
 }
 
@@ -100,6 +86,7 @@ impl RemoteReader for EmulatedReader {
                 .write_all(&frame)
                 .await
                 .map_err(|source| TransportError::Io { addr: worker.to_string(), source })?;
+            stream.flush().await.map_err(|source| TransportError::Io { addr: worker.to_string(), source })?;
             read_response(&mut stream, worker, req_id, len, Sink::New).await
         };
         let result = tokio::time::timeout(self.request_timeout, exchange)
@@ -136,23 +123,13 @@ pub struct RdmaTransport<R: RemoteReader> {
 }
 
 impl<R: RemoteReader> RdmaTransport<R> {
-    /// Without a token (a cluster with authentication off).
-    pub fn new(reader: R, connect_timeout: Duration, request_timeout: Duration) -> Self {
-        Self::with_credentials(reader, connect_timeout, request_timeout, Credentials::none())
-    }
-
-    /// Presenting `credentials` on every new control and fallback connection (the reader
-    /// presents its own).
-    pub fn with_credentials(
-        reader: R,
-        connect_timeout: Duration,
-        request_timeout: Duration,
-        credentials: Credentials,
-    ) -> Self {
+    /// `dial`: how connections are made (a `Duration` is plain TCP with that connect timeout).
+    pub fn new(reader: R, dial: impl Into<Dial>, request_timeout: Duration) -> Self {
+        let dial = dial.into();
         Self {
             reader,
-            fallback: TcpTransport::with_credentials(connect_timeout, request_timeout, credentials.clone()),
-            control: TcpPool::new(connect_timeout, credentials),
+            fallback: TcpTransport::new(dial.clone(), request_timeout),
+            control: TcpPool::new(dial),
             request_timeout,
             next_req_id: AtomicU64::new(1),
             remote_reads: AtomicU64::new(0),
@@ -172,14 +149,13 @@ impl<R: RemoteReader> RdmaTransport<R> {
 
     async fn grant(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut DataStream,
         addr: &str,
         req: &ReadBlockRequest,
     ) -> Result<(BlockGrant, Source), TransportError> {
-        stream
-            .write_all(&req.encode_open(GrantKind::Rdma))
-            .await
-            .map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
+        let io = |source| TransportError::Io { addr: addr.to_string(), source };
+        stream.write_all(&req.encode_open(GrantKind::Rdma)).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
         let (payload, source) =
             read_response(stream, addr, req.req_id, BlockGrant::ENCODED_LEN as u64, Sink::New).await?;
         let grant = BlockGrant::decode(&payload.unwrap_or_default()).map_err(|e| {
@@ -224,7 +200,11 @@ impl<R: RemoteReader> RdmaTransport<R> {
         };
         // Given back whatever the read did; no response, so the connection stays in sync.
         let release = LeaseRelease { lease_id: grant.lease_id, kind: GrantKind::Rdma }.encode();
-        match stream.write_all(&release).await {
+        let released = async {
+            stream.write_all(&release).await?;
+            stream.flush().await
+        };
+        match released.await {
             Ok(()) => self.control.checkin(addr, stream),
             Err(e) => debug!(worker = addr, err = %e, "release not sent; the lease will expire"),
         }
@@ -266,31 +246,18 @@ impl<R: RemoteReader> Transport for RdmaTransport<R> {
 }
 
 /// The transport a client configured with `mode` reads workers with.
-pub(crate) fn transport_for(
-    mode: RdmaMode,
-    connect_timeout: Duration,
-    request_timeout: Duration,
-    credentials: &Credentials,
-) -> Arc<dyn Transport> {
-    let tcp = || -> Arc<dyn Transport> {
-        Arc::new(TcpTransport::with_credentials(connect_timeout, request_timeout, credentials.clone()))
-    };
+pub(crate) fn transport_for(mode: RdmaMode, dial: &Dial, request_timeout: Duration) -> Arc<dyn Transport> {
+    let tcp = || -> Arc<dyn Transport> { Arc::new(TcpTransport::new(dial.clone(), request_timeout)) };
     match mode {
         RdmaMode::Off => tcp(),
-        RdmaMode::Emulated => Arc::new(RdmaTransport::with_credentials(
-            EmulatedReader::with_credentials(connect_timeout, request_timeout, credentials.clone()),
-            connect_timeout,
+        RdmaMode::Emulated => Arc::new(RdmaTransport::new(
+            EmulatedReader::new(dial.clone(), request_timeout),
+            dial.clone(),
             request_timeout,
-            credentials.clone(),
         )),
         #[cfg(feature = "rdma")]
-        RdmaMode::Verbs => match VerbsReader::open(connect_timeout, request_timeout, credentials.clone()) {
-            Ok(reader) => Arc::new(RdmaTransport::with_credentials(
-                reader,
-                connect_timeout,
-                request_timeout,
-                credentials.clone(),
-            )),
+        RdmaMode::Verbs => match VerbsReader::open(dial.clone(), request_timeout) {
+            Ok(reader) => Arc::new(RdmaTransport::new(reader, dial.clone(), request_timeout)),
             Err(e) => {
                 warn!(err = %e, "no RDMA device; reading over TCP");
                 tcp()

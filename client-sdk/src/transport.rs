@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use strata_common::ErrorKind;
 use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, Source};
+use strata_security::tls::ClientTls;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -29,6 +30,9 @@ pub enum TransportError {
     Protocol { addr: String, reason: String },
     #[error("{addr} answered {kind}: {message}")]
     Remote { addr: String, kind: ErrorKind, message: String },
+    /// The TLS handshake failed, or a worker that speaks TLS refused a plain-text connection.
+    #[error("TLS with {addr}: {source}")]
+    Tls { addr: String, source: std::io::Error },
 }
 
 impl TransportError {
@@ -69,49 +73,6 @@ pub trait Transport: Send + Sync + 'static {
     }
 }
 
-/// Who a new data-plane connection says it is: the `Auth` frame sent before anything else, when
-/// the client has a token. Cheap to clone.
-#[derive(Clone, Default)]
-pub struct Credentials {
-    auth_frame: Option<Arc<[u8]>>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the token.
-        f.write_str(if self.auth_frame.is_some() { "Credentials(token)" } else { "Credentials(none)" })
-    }
-}
-
-impl Credentials {
-    /// No token: for a cluster with authentication off.
-    pub fn none() -> Self {
-        Self::default()
-    }
-
-    /// Presenting `token` (`None`: [`none`](Self::none)).
-    pub fn token(token: Option<&str>) -> Self {
-        Self { auth_frame: token.map(|t| Arc::from(strata_common::frame::auth_request(t))) }
-    }
-
-    /// Sends the `Auth` frame on a new connection. Not answered when accepted: a refusal comes
-    /// back as the answer to the first request (an error frame for request 0), so a connection
-    /// costs no extra round trip.
-    pub(crate) async fn present<S: AsyncWrite + Unpin>(
-        &self,
-        stream: &mut S,
-        addr: &str,
-    ) -> Result<(), TransportError> {
-        if let Some(frame) = &self.auth_frame {
-            stream
-                .write_all(frame)
-                .await
-                .map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
-        }
-        Ok(())
-    }
-}
-
 /// The request id of a worker's answer to a frame it could not parse.
 const REJECTED_REQ_ID: u64 = 0;
 
@@ -149,35 +110,34 @@ impl Sink<'_> {
 
 /// Framed TCP with a small pool of idle connections per worker.
 pub struct TcpTransport {
-    pub(crate) pool: TcpPool,
+    pool: TcpPool,
     request_timeout: Duration,
     next_req_id: AtomicU64,
 }
 
 /// Idle data-plane connections per worker.
 pub(crate) struct TcpPool {
-    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
-    connect_timeout: Duration,
+    idle: Mutex<HashMap<String, Vec<DataStream>>>,
+    dial: Dial,
     max_idle_per_worker: usize,
-    pub(crate) credentials: Credentials,
 }
 
 impl TcpPool {
-    pub(crate) fn new(connect_timeout: Duration, credentials: Credentials) -> Self {
-        Self { idle: Mutex::new(HashMap::new()), connect_timeout, max_idle_per_worker: 64, credentials }
+    pub(crate) fn new(dial: impl Into<Dial>) -> Self {
+        Self { idle: Mutex::new(HashMap::new()), dial: dial.into(), max_idle_per_worker: 64 }
     }
 
     /// An idle connection to `addr`, or a new one.
-    pub(crate) async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
+    pub(crate) async fn checkout(&self, addr: &str) -> Result<DataStream, TransportError> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop);
         match pooled {
             Some(stream) => Ok(stream),
-            None => connect_tcp(addr, self.connect_timeout, &self.credentials).await,
+            None => connect_tcp(addr, &self.dial).await,
         }
     }
 
     /// Keeps a connection that is in sync (a whole exchange done, nothing pending).
-    pub(crate) fn checkin(&self, addr: &str, stream: TcpStream) {
+    pub(crate) fn checkin(&self, addr: &str, stream: DataStream) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let pool = idle.entry(addr.to_string()).or_default();
         if pool.len() < self.max_idle_per_worker {
@@ -187,39 +147,314 @@ impl TcpPool {
 }
 
 impl TcpTransport {
-    /// Without a token (a cluster with authentication off).
-    pub fn new(connect_timeout: Duration, request_timeout: Duration) -> Self {
-        Self::with_credentials(connect_timeout, request_timeout, Credentials::none())
+    /// `dial`: how connections are made (a `Duration` is plain TCP with that connect timeout).
+    pub fn new(dial: impl Into<Dial>, request_timeout: Duration) -> Self {
+        Self { pool: TcpPool::new(dial), request_timeout, next_req_id: AtomicU64::new(1) }
+    }
+}
+
+/// How data-plane connections to workers are made: the connect deadline; when the cluster
+/// speaks TLS, the handshake (within its own deadline) before the connection is used; and the
+/// token presented first on every connection.
+#[derive(Debug, Clone)]
+pub struct Dial {
+    pub connect_timeout: Duration,
+    pub tls: Option<ClientTls>,
+    pub credentials: Credentials,
+}
+
+/// Plain TCP with this connect timeout, no token.
+impl From<Duration> for Dial {
+    fn from(connect_timeout: Duration) -> Self {
+        Self { connect_timeout, tls: None, credentials: Credentials::none() }
+    }
+}
+
+/// Who a new data-plane connection says it is: the `Auth` frame sent before anything else, when
+/// the client has a token. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    auth_frame: Option<Arc<[u8]>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.write_str(if self.auth_frame.is_some() { "Credentials(token)" } else { "Credentials(none)" })
+    }
+}
+
+impl Credentials {
+    /// No token: for a cluster with authentication off.
+    pub fn none() -> Self {
+        Self::default()
     }
 
-    /// Presenting `credentials` on every new connection.
-    pub fn with_credentials(
-        connect_timeout: Duration,
-        request_timeout: Duration,
-        credentials: Credentials,
-    ) -> Self {
-        Self {
-            pool: TcpPool::new(connect_timeout, credentials),
-            request_timeout,
-            next_req_id: AtomicU64::new(1),
+    /// Presenting `token` (`None`: [`none`](Self::none)).
+    pub fn token(token: Option<&str>) -> Self {
+        Self { auth_frame: token.map(|t| Arc::from(strata_common::frame::auth_request(t))) }
+    }
+
+    /// Sends the `Auth` frame on a new connection. Not answered when accepted: a refusal comes
+    /// back as the answer to the first request (an error frame for request 0), so a connection
+    /// costs no extra round trip. (Flushed by the first request, which follows at once.)
+    pub(crate) async fn present<S: AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        addr: &str,
+    ) -> Result<(), TransportError> {
+        if let Some(frame) = &self.auth_frame {
+            stream
+                .write_all(frame)
+                .await
+                .map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
+        }
+        Ok(())
+    }
+}
+
+/// A data-plane connection to a worker: plain TCP, or TLS over it. (The TLS state is boxed:
+/// it is large, and a plain connection should not carry its size around.)
+pub enum DataStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TlsSocket>>),
+}
+
+/// A [`DataStream`] detached from its runtime (see [`DataStream::park`]).
+pub(crate) enum ParkedStream {
+    Plain(std::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TlsSocket>>),
+}
+
+impl DataStream {
+    /// Detaches the connection from the current runtime (which may then shut down) and keeps
+    /// its TLS session, for [`ParkedStream::attach`] in another. Only between exchanges: no
+    /// bytes pending either way.
+    pub(crate) fn park(self) -> std::io::Result<ParkedStream> {
+        match self {
+            DataStream::Plain(s) => Ok(ParkedStream::Plain(s.into_std()?)),
+            DataStream::Tls(mut s) => {
+                let socket = s.get_mut().0;
+                let live = socket.live.take().ok_or_else(|| std::io::Error::other("already parked"))?;
+                socket.parked = Some(live.into_std()?);
+                Ok(ParkedStream::Tls(s))
+            }
+        }
+    }
+}
+
+impl ParkedStream {
+    /// Attaches the connection to the runtime this runs in.
+    pub(crate) fn attach(self) -> std::io::Result<DataStream> {
+        match self {
+            ParkedStream::Plain(s) => Ok(DataStream::Plain(TcpStream::from_std(s)?)),
+            ParkedStream::Tls(mut s) => {
+                let socket = s.get_mut().0;
+                let parked = socket.parked.take().ok_or_else(|| std::io::Error::other("not parked"))?;
+                socket.live = Some(TcpStream::from_std(parked)?);
+                Ok(DataStream::Tls(s))
+            }
+        }
+    }
+}
+
+/// The socket under a TLS connection: registered with a runtime, or parked (a plain socket
+/// between calls of a host that replaces its runtime, as the Python binding does around `fork`).
+pub struct TlsSocket {
+    live: Option<TcpStream>,
+    parked: Option<std::net::TcpStream>,
+}
+
+impl TlsSocket {
+    fn live(&mut self) -> std::io::Result<std::pin::Pin<&mut TcpStream>> {
+        match &mut self.live {
+            Some(s) => Ok(std::pin::Pin::new(s)),
+            None => Err(std::io::Error::other("the connection is parked")),
+        }
+    }
+}
+
+impl AsyncRead for TlsSocket {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().live()?.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsSocket {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut().live()?.poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().live()?.poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().live()?.poll_shutdown(cx)
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            DataStream::Plain($s) => {
+                let $s = std::pin::Pin::new($s);
+                $e
+            }
+            DataStream::Tls($s) => {
+                let $s = std::pin::Pin::new($s.as_mut());
+                $e
+            }
+        }
+    };
+}
+
+impl AsyncRead for DataStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        // rustls may hold back part of a request's ciphertext when the socket was full: out
+        // with it before waiting for the answer (callers flush too; this makes it certain).
+        if let DataStream::Tls(s) = &mut *self
+            && s.get_ref().1.wants_write()
+        {
+            std::task::ready!(std::pin::Pin::new(s.as_mut()).poll_flush(cx))?;
+        }
+        delegate!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for DataStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        delegate!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        delegate!(self, s => s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        delegate!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            DataStream::Plain(s) => s.is_write_vectored(),
+            DataStream::Tls(s) => s.is_write_vectored(),
         }
     }
 }
 
 /// A new data-plane connection to a worker, with Nagle off (requests are small and answered at
-/// once), that has presented `credentials`.
-pub(crate) async fn connect_tcp(
-    addr: &str,
-    timeout: Duration,
-    credentials: &Credentials,
-) -> Result<TcpStream, TransportError> {
-    let mut stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+/// once), and the TLS handshake done when `dial` says TLS.
+pub(crate) async fn connect_tcp(addr: &str, dial: &Dial) -> Result<DataStream, TransportError> {
+    let stream = tokio::time::timeout(dial.connect_timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| TransportError::Timeout { addr: addr.to_string() })?
         .map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
     stream.set_nodelay(true).map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
-    credentials.present(&mut stream, addr).await?;
+    let mut stream = match &dial.tls {
+        None => DataStream::Plain(stream),
+        Some(tls) => match tls.connect(addr, TlsSocket { live: Some(stream), parked: None }).await {
+            Ok(stream) => DataStream::Tls(Box::new(stream)),
+            Err(source) => return Err(TransportError::Tls { addr: addr.to_string(), source }),
+        },
+    };
+    dial.credentials.present(&mut stream, addr).await?;
     Ok(stream)
+}
+
+/// Why a connection to the server at `addr` fails when TLS is the cause, probed on a new
+/// connection (only after a failure: gRPC reports a TLS mismatch as a bare transport error). A
+/// plain client: the server answers a request with a TLS alert. A TLS client: the handshake
+/// fails, or the server sends an alert right after it (a client certificate it refuses, under
+/// TLS 1.3). `None` when nothing TLS-specific shows within a second.
+pub(crate) async fn tls_diagnosis(addr: &str, dial: &Dial) -> Option<String> {
+    const WAIT: Duration = Duration::from_secs(1);
+    let probe = async {
+        let mut stream = match connect_tcp(addr, dial).await {
+            Err(e @ TransportError::Tls { .. }) => return Some(e.to_string()),
+            Err(_) => return None,
+            Ok(stream) => stream,
+        };
+        let mut buf = [0u8; 8];
+        match &dial.tls {
+            Some(_) => match tokio::time::timeout(WAIT, stream.read(&mut buf)).await {
+                Ok(Err(e)) => Some(format!("TLS with {addr}: {e}")),
+                _ => None,
+            },
+            None => {
+                // The start of an HTTP/2 connection, as gRPC would send it.
+                stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
+                let n = tokio::time::timeout(WAIT, stream.read(&mut buf)).await.ok()?.ok()?;
+                (n >= 2 && buf[0] == 0x15 && buf[1] == 0x03)
+                    .then(|| format!("{addr} answered with a TLS alert: it requires TLS (set STRATA_TLS_CA)"))
+            }
+        }
+    };
+    tokio::time::timeout(dial.connect_timeout + 2 * WAIT, probe).await.ok().flatten()
+}
+
+/// Reads a response header. A worker that speaks TLS answers a plain-text request with a TLS
+/// alert record (`0x15 0x03 …`) and closes: said as such, not as a malformed response.
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    head: &mut [u8; RESPONSE_HEADER_LEN],
+) -> Result<(), TransportError> {
+    let io = |source| TransportError::Io { addr: addr.to_string(), source };
+    let mut got = 0;
+    while got < head.len() {
+        match stream.read(&mut head[got..]).await {
+            Ok(0) if got >= 2 && head[0] == 0x15 && head[1] == 0x03 => {
+                return Err(TransportError::Tls {
+                    addr: addr.to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the worker answered with a TLS alert: it requires TLS (set STRATA_TLS_CA)",
+                    ),
+                });
+            }
+            Ok(0) => return Err(io(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => got += n,
+            Err(e) => return Err(io(e)),
+        }
+    }
+    Ok(())
 }
 
 /// One request and its response on a connection that is in sync (no bytes pending); the
@@ -232,6 +467,8 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(Option<Bytes>, Source), TransportError> {
     let io = |source| TransportError::Io { addr: addr.to_string(), source };
     stream.write_all(&req.encode()).await.map_err(io)?;
+    // A no-op on plain TCP; TLS may hold back the record otherwise.
+    stream.flush().await.map_err(io)?;
     read_response(stream, addr, req.req_id, req.len, sink).await
 }
 
@@ -250,7 +487,7 @@ pub(crate) async fn read_response<S: AsyncRead + Unpin>(
     let io = |source| TransportError::Io { addr: addr.to_string(), source };
     let protocol = |reason: String| TransportError::Protocol { addr: addr.to_string(), reason };
     let mut head = [0u8; RESPONSE_HEADER_LEN];
-    stream.read_exact(&mut head).await.map_err(io)?;
+    read_head(stream, addr, &mut head).await?;
     let head = ResponseHeader::decode(&head).map_err(|e| protocol(e.to_string()))?;
     let want = match head.status {
         Ok(_) => expected,
@@ -321,9 +558,8 @@ async fn pooled_call<P: Pool>(
 }
 
 /// Whether a connection can be reused after an exchange ended with `result`: only one that
-/// completed a whole exchange is known to be in sync, and not one whose frame the worker
-/// rejected as bad, whose token it refused, nor one it refused at its connection limits (it
-/// closes each after saying so).
+/// completed a whole exchange is known to be in sync, and not one the worker closes after
+/// saying why: a refused token, a frame rejected as bad, its connection limits.
 pub(crate) fn reusable<T>(result: &Result<T, TransportError>) -> bool {
     match result {
         Ok(_) => true,
@@ -365,13 +601,13 @@ macro_rules! pooled_transport {
 }
 
 impl Pool for TcpTransport {
-    type Stream = TcpStream;
+    type Stream = DataStream;
 
-    async fn checkout(&self, addr: &str) -> Result<TcpStream, TransportError> {
+    async fn checkout(&self, addr: &str) -> Result<DataStream, TransportError> {
         self.pool.checkout(addr).await
     }
 
-    fn checkin(&self, addr: &str, stream: TcpStream) {
+    fn checkin(&self, addr: &str, stream: DataStream) {
         self.pool.checkin(addr, stream)
     }
 
@@ -448,6 +684,7 @@ impl Pool for UnixTransport {
 
 pooled_transport!(UnixTransport);
 
+/// A new connection to a worker's Unix socket at `path`.
 /// A new connection to a worker's Unix socket at `path` that has presented `credentials`.
 pub(crate) async fn connect_unix(
     path: &str,
@@ -478,18 +715,14 @@ pub(crate) async fn ask(
     frame: &[u8],
     req_id: u64,
     max: u64,
-    timeouts: (Duration, Duration),
-    credentials: &Credentials,
+    dial: &Dial,
+    request_timeout: Duration,
 ) -> Result<Bytes, TransportError> {
-    let (connect_timeout, request_timeout) = timeouts;
     let exchange = async {
         match via {
-            Via::Tcp => {
-                let mut stream = connect_tcp(addr, connect_timeout, credentials).await?;
-                ask_on(&mut stream, addr, frame, req_id, max).await
-            }
+            Via::Tcp => ask_on(&mut connect_tcp(addr, dial).await?, addr, frame, req_id, max).await,
             Via::Unix => {
-                let mut stream = connect_unix(addr, connect_timeout, credentials).await?;
+                let mut stream = connect_unix(addr, dial.connect_timeout, &dial.credentials).await?;
                 ask_on(&mut stream, addr, frame, req_id, max).await
             }
         }
@@ -508,8 +741,9 @@ async fn ask_on<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Bytes, TransportError> {
     let io = |source| TransportError::Io { addr: addr.to_string(), source };
     stream.write_all(frame).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
     let mut head = [0u8; RESPONSE_HEADER_LEN];
-    stream.read_exact(&mut head).await.map_err(io)?;
+    read_head(stream, addr, &mut head).await?;
     let head = ResponseHeader::decode(&head)
         .map_err(|e| TransportError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
     let limit = if head.status.is_ok() { max } else { strata_common::frame::MAX_ERROR_MESSAGE as u64 };

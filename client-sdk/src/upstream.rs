@@ -28,9 +28,21 @@ impl ClusterUpstream {
         token: Option<String>,
         request_timeout: Duration,
     ) -> Result<Self> {
+        Self::connect_tls(master_addr, token, request_timeout, crate::TlsConfig::from_env()).await
+    }
+
+    /// [`connect`](Self::connect) with these TLS settings (the sidecar's own) instead of the
+    /// environment's.
+    pub async fn connect_tls(
+        master_addr: &str,
+        token: Option<String>,
+        request_timeout: Duration,
+        tls: crate::TlsConfig,
+    ) -> Result<Self> {
         let mut config = ClientConfig::new(master_addr);
         config.sidecar_socket = None;
         config.request_timeout = request_timeout;
+        config.tls = tls;
         config.token = token.map(crate::Token);
         Ok(Self::new(Client::connect(config).await?))
     }

@@ -15,6 +15,7 @@ use strata_worker::{Worker, WorkerConfig, WorkerHandle};
 use tempfile::TempDir;
 
 pub mod fault_proxy;
+pub mod tls;
 mod ufs;
 
 pub use strata_client;
@@ -34,6 +35,21 @@ pub struct ClusterOptions {
     /// Require tokens (the default, as a real cluster does): the harness's clients present the
     /// admin token, its workers the worker token (`admin_token`, `worker_token`).
     pub auth: bool,
+    /// TLS on both planes with these test certificates (`None`, the default: plain TCP);
+    /// `client_auth` makes the master and workers require client certificates (mTLS).
+    pub tls: Option<ClusterTls>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterTls {
+    pub pki: Arc<tls::TestPki>,
+    pub client_auth: bool,
+}
+
+impl std::fmt::Debug for tls::TestPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPki").field("dir", &self.path("")).finish()
+    }
 }
 
 impl Default for ClusterOptions {
@@ -47,6 +63,7 @@ impl Default for ClusterOptions {
             nvme_capacity: 1 << 30,
             mount_options: vec![("block_size".into(), "1MiB".into()), ("metadata_ttl".into(), "60s".into())],
             auth: true,
+            tls: None,
         }
     }
 }
@@ -60,6 +77,7 @@ pub struct Cluster {
     master_config: MasterConfig,
     workers: Vec<Option<WorkerHandle>>,
     worker_configs: Vec<WorkerConfig>,
+    tls: Option<ClusterTls>,
 }
 
 impl Cluster {
@@ -75,6 +93,7 @@ impl Cluster {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
         let state_dir = tempfile::tempdir().expect("tempdir");
+        let server_tls = opts.tls.as_ref().map(|t| t.pki.server(t.client_auth)).unwrap_or_default();
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
         let mut master_config = MasterConfig {
             rpc_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -83,6 +102,7 @@ impl Cluster {
             worker_timeout_ms: opts.worker_timeout_ms,
             heartbeat_interval_ms: opts.heartbeat_interval_ms,
             auth: opts.auth,
+            tls: server_tls.clone(),
             ..MasterConfig::default()
         };
         let token_files = master_config.token_files();
@@ -98,6 +118,7 @@ impl Cluster {
                 memory_capacity: opts.memory_capacity,
                 nvme_capacity: opts.nvme_capacity,
                 token_file: Some(token_files.worker_file.clone()).filter(|_| opts.auth),
+                tls: server_tls.clone(),
                 ..WorkerConfig::default()
             })
             .collect();
@@ -109,6 +130,7 @@ impl Cluster {
             master_config,
             workers: Vec::new(),
             worker_configs,
+            tls: opts.tls,
         };
         for i in 0..opts.workers {
             let w = cluster.spawn_worker(i).await;
@@ -144,6 +166,8 @@ impl Cluster {
         c.membership_refresh = Duration::from_millis(200);
         c.request_timeout = Duration::from_secs(20);
         c.token = self.admin_token().map(strata_client::Token);
+        // The cluster's TLS, never the environment's.
+        c.tls = self.tls.as_ref().map(|t| t.pki.client()).unwrap_or_default();
         c
     }
 

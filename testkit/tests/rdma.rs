@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use strata_client::{
-    Client, Credentials, EmulatedReader, FileInfo, RdmaMode as ClientRdma, RdmaTransport, RemoteReader,
+    Client, Credentials, Dial, EmulatedReader, FileInfo, RdmaMode as ClientRdma, RdmaTransport, RemoteReader,
     TcpTransport, Transport, TransportError,
 };
 use strata_common::ErrorKind;
@@ -58,17 +58,12 @@ async fn rdma_worker_with_clock(
 }
 
 fn transport(cluster: &Cluster) -> RdmaTransport<EmulatedReader> {
-    RdmaTransport::with_credentials(
-        EmulatedReader::with_credentials(T, T, creds(cluster)),
-        T,
-        T,
-        creds(cluster),
-    )
+    RdmaTransport::new(EmulatedReader::new(dial_of(cluster), T), dial_of(cluster), T)
 }
 
-/// What the test's transports present: the cluster's admin token.
-fn creds(cluster: &Cluster) -> Credentials {
-    Credentials::token(cluster.admin_token().as_deref())
+/// How the test's transports connect: plain TCP, presenting the cluster's admin token.
+fn dial_of(cluster: &Cluster) -> Dial {
+    Dial { connect_timeout: T, tls: None, credentials: Credentials::token(cluster.admin_token().as_deref()) }
 }
 
 fn request(info: &FileInfo, block_index: u64, offset: u64, len: u64) -> ReadBlockRequest {
@@ -131,7 +126,7 @@ async fn random_ranges_over_emulated_rdma_equal_tcp_and_every_grant_is_released(
     let blocks = info.size.div_ceil(info.block_size);
 
     let rdma = transport(&cluster);
-    let tcp = TcpTransport::with_credentials(T, T, creds(&cluster));
+    let tcp = TcpTransport::new(dial_of(&cluster), T);
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
         x ^= x << 13;
@@ -184,7 +179,7 @@ async fn stale_foreign_and_out_of_bounds_remote_reads_are_refused() {
     let data = pattern(2 * MIB, 5);
     cluster.write_file("s.bin", &data);
     let info = cluster.client().await.stat("/data/s.bin").await.unwrap();
-    let reader = EmulatedReader::with_credentials(T, T, creds(&cluster));
+    let reader = EmulatedReader::new(dial_of(&cluster), T);
     let addr = w.data_addr.to_string();
 
     let req = request(&info, 1, 1000, 5000);
@@ -294,11 +289,10 @@ async fn rdma_off_exhausted_or_expired_grants_fall_back_to_tcp_with_the_right_by
     assert_eq!((t.remote_reads(), t.fallbacks()), (1, 1));
 
     // The grant expires before the one-sided read: refused, then TCP.
-    let t = RdmaTransport::with_credentials(
-        SlowReader(EmulatedReader::with_credentials(T, T, creds(&cluster)), Duration::from_millis(300)),
+    let t = RdmaTransport::new(
+        SlowReader(EmulatedReader::new(dial_of(&cluster), T), Duration::from_millis(300)),
+        dial_of(&cluster),
         T,
-        T,
-        creds(&cluster),
     );
     let (got, _) = t.read_block(&short.data_addr.to_string(), &req).await.unwrap();
     assert!(got[..] == want[..]);

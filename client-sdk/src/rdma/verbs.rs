@@ -26,10 +26,9 @@ use bytes::Bytes;
 use ibverbs_sys as ffi;
 use strata_common::frame::{RESPONSE_HEADER_LEN, RdmaEndpoint, ResponseHeader};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::RemoteReader;
-use crate::transport::{Credentials, TransportError, connect_tcp};
+use crate::transport::{DataStream, Dial, TransportError, connect_tcp};
 
 const PORT_NUM: u8 = 1;
 
@@ -362,32 +361,25 @@ impl QueuePair {
 /// A connected queue pair and the TCP connection whose lifetime is the worker's queue pair.
 struct Connection {
     qp: Mutex<QueuePair>,
-    _control: TcpStream,
+    _control: DataStream,
 }
 
 /// [`RemoteReader`] posting RDMA READs through the first RDMA device.
 pub struct VerbsReader {
     dev: Arc<Device>,
     conns: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
-    connect_timeout: Duration,
+    dial: Dial,
     request_timeout: Duration,
-    credentials: Credentials,
 }
 
 impl VerbsReader {
-    /// Opens the first RDMA device; fails where there is none. Control connections present
-    /// `credentials`: a worker grants nothing to an unauthenticated peer.
-    pub fn open(
-        connect_timeout: Duration,
-        request_timeout: Duration,
-        credentials: Credentials,
-    ) -> std::io::Result<Self> {
+    /// Opens the first RDMA device; fails where there is none.
+    pub fn open(dial: impl Into<Dial>, request_timeout: Duration) -> std::io::Result<Self> {
         Ok(Self {
             dev: Arc::new(Device::open_first()?),
             conns: tokio::sync::Mutex::new(HashMap::new()),
-            connect_timeout,
+            dial: dial.into(),
             request_timeout,
-            credentials,
         })
     }
 
@@ -399,9 +391,10 @@ impl VerbsReader {
         let io = |source| TransportError::Io { addr: worker.to_string(), source };
         let mut qp = QueuePair::create(self.dev.clone()).map_err(io)?;
         let request = qp.endpoint().encode_request();
-        let mut control = connect_tcp(worker, self.connect_timeout, &self.credentials).await?;
+        let mut control = connect_tcp(worker, &self.dial).await?;
         let exchange = async {
             control.write_all(&request).await?;
+            control.flush().await?;
             let mut head = [0u8; RESPONSE_HEADER_LEN];
             control.read_exact(&mut head).await?;
             let head = ResponseHeader::decode(&head).map_err(std::io::Error::other)?;

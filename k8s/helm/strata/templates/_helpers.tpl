@@ -109,3 +109,70 @@ seccompProfile:
 {{ $k }} = {{ include "strata.tomlValue" $v }}
 {{- end -}}
 {{- end -}}
+
+{{/* TLS (values tls.*): the name every server certificate carries. */}}
+{{- define "strata.tlsServerName" -}}
+{{- .Values.tls.serverName | default (include "strata.fullname" .) -}}
+{{- end -}}
+
+{{/* The [tls] table of a master's or worker's TOML config: the mounted Secret's files. */}}
+{{- define "strata.tlsToml" -}}
+{{- if .Values.tls.enabled -}}
+[tls]
+cert = "/etc/strata-tls/tls.crt"
+key = "/etc/strata-tls/tls.key"
+ca = "/etc/strata-tls/ca.crt"
+client_auth = {{ .Values.tls.clientAuth }}
+server_name = "{{ include "strata.tlsServerName" . }}"
+{{- end }}
+{{- end -}}
+
+{{/* The Secret volume of a master or worker pod (all three files). */}}
+{{- define "strata.tlsVolume" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.secretName | default (printf "%s-tls" (include "strata.fullname" .)) }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* The Secret volume of a client pod: ca.crt, and its own certificate with clientAuth. */}}
+{{- define "strata.tlsClientVolume" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.clientSecretName | default .Values.tls.secretName | default (printf "%s-tls" (include "strata.fullname" .)) }}
+    defaultMode: 0440
+    items:
+      - {key: ca.crt, path: ca.crt}
+      {{- if .Values.tls.clientAuth }}
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "strata.tlsMount" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  mountPath: /etc/strata-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The STRATA_TLS_* environment of a client (the Python client and the CLI read it). */}}
+{{- define "strata.tlsClientEnv" -}}
+{{- if .Values.tls.enabled -}}
+- name: STRATA_TLS_CA
+  value: /etc/strata-tls/ca.crt
+- name: STRATA_TLS_SERVER_NAME
+  value: {{ include "strata.tlsServerName" . | quote }}
+{{- if .Values.tls.clientAuth }}
+- name: STRATA_TLS_CERT
+  value: /etc/strata-tls/tls.crt
+- name: STRATA_TLS_KEY
+  value: /etc/strata-tls/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
