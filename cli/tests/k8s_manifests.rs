@@ -87,3 +87,29 @@ fn a_misspelt_field_in_a_rendered_config_would_fail() {
     assert!(toml::from_str::<WorkerConfig>("memory_capacty = 1").is_err());
     assert!(toml::from_str::<MasterConfig>("data_dirr = \"/x\"").is_err());
 }
+
+/// Tokens come from Secrets as files: every process that presents or accepts one names a file
+/// under a Secret's mount, and no rendering holds a token or a token variable's value.
+#[test]
+fn rendered_tokens_come_from_secrets_never_from_configmaps_or_args() {
+    for rel in ["base/strata.yaml", "examples/sidecar-job.yaml", "examples/warmup-cronjob.yaml", "examples/standalone.yaml"]
+    {
+        let yaml = k8s(rel);
+        assert!(!yaml.contains("token: strata_"), "{rel} holds a token");
+        assert!(!yaml.contains("name: STRATA_TOKEN\n"), "{rel} passes a token by value");
+        let lines: Vec<&str> = yaml.lines().collect();
+        let files: Vec<&str> = lines
+            .windows(2)
+            .filter(|w| w[0].trim().starts_with("- name: STRATA_") && w[0].ends_with("TOKEN_FILE"))
+            .filter_map(|w| w[1].trim().strip_prefix("value: "))
+            .collect();
+        assert!(!files.is_empty(), "{rel} presents no token");
+        for file in files {
+            assert!(
+                file.starts_with("/etc/strata-tokens/") || file.starts_with("/etc/strata-token/"),
+                "{rel}: {file} is not under a Secret's mount"
+            );
+        }
+        assert!(yaml.contains("secretName: strata-tokens"), "{rel} mounts the tokens Secret");
+    }
+}

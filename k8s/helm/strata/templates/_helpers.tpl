@@ -176,3 +176,90 @@ server_name = "{{ include "strata.tlsServerName" . }}"
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* Tokens (docs/SECURITY.md): the Secret with admin.token and worker.token. */}}
+{{- define "strata.tokensSecret" -}}
+{{- .Values.auth.secretName | default (printf "%s-tokens" (include "strata.fullname" .)) -}}
+{{- end -}}
+
+{{/* The tokens volume of a master: both tokens (it accepts them; they are its bootstrap tokens). */}}
+{{- define "strata.tokensMasterVolume" -}}
+{{- if .Values.auth.enabled -}}
+- name: tokens
+  secret:
+    secretName: {{ include "strata.tokensSecret" . }}
+    defaultMode: 0440
+    items:
+      - {key: admin.token, path: admin.token}
+      - {key: worker.token, path: worker.token}
+{{- end }}
+{{- end -}}
+
+{{/* The tokens volume of a worker or sidecar: the workers' token only. */}}
+{{- define "strata.tokensWorkerVolume" -}}
+{{- if .Values.auth.enabled -}}
+- name: tokens
+  secret:
+    secretName: {{ include "strata.tokensSecret" . }}
+    defaultMode: 0440
+    items:
+      - {key: worker.token, path: worker.token}
+{{- end }}
+{{- end -}}
+
+{{/* The token volume of a client pod (trainer, warmup CronJob): one key, as "token". */}}
+{{- define "strata.tokenClientVolume" -}}
+{{- if .Values.auth.enabled -}}
+- name: token
+  secret:
+    secretName: {{ .Values.auth.clientSecretName | default (include "strata.tokensSecret" .) }}
+    defaultMode: 0440
+    items:
+      - {key: {{ .Values.auth.clientSecretKey }}, path: token}
+{{- end }}
+{{- end -}}
+
+{{- define "strata.tokensMount" -}}
+{{- if .Values.auth.enabled -}}
+- name: tokens
+  mountPath: /etc/strata-tokens
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "strata.tokenClientMount" -}}
+{{- if .Values.auth.enabled -}}
+- name: token
+  mountPath: /etc/strata-token
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The environment of a master: its bootstrap token files, and the admin token for a
+`strata` run in the pod (kubectl exec). */}}
+{{- define "strata.tokensMasterEnv" -}}
+{{- if .Values.auth.enabled -}}
+- name: STRATA_MASTER_ADMIN_TOKEN_FILE
+  value: /etc/strata-tokens/admin.token
+- name: STRATA_MASTER_WORKER_TOKEN_FILE
+  value: /etc/strata-tokens/worker.token
+- name: STRATA_TOKEN_FILE
+  value: /etc/strata-tokens/admin.token
+{{- end }}
+{{- end -}}
+
+{{/* The environment of a worker or sidecar: the token it presents. */}}
+{{- define "strata.tokensWorkerEnv" -}}
+{{- if .Values.auth.enabled -}}
+- name: STRATA_TOKEN_FILE
+  value: /etc/strata-tokens/worker.token
+{{- end }}
+{{- end -}}
+
+{{/* The environment of a client pod: the token it presents. */}}
+{{- define "strata.tokenClientEnv" -}}
+{{- if .Values.auth.enabled -}}
+- name: STRATA_TOKEN_FILE
+  value: /etc/strata-token/token
+{{- end }}
+{{- end -}}
