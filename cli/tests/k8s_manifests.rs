@@ -92,8 +92,12 @@ fn a_misspelt_field_in_a_rendered_config_would_fail() {
 /// under a Secret's mount, and no rendering holds a token or a token variable's value.
 #[test]
 fn rendered_tokens_come_from_secrets_never_from_configmaps_or_args() {
-    for rel in ["base/strata.yaml", "examples/sidecar-job.yaml", "examples/warmup-cronjob.yaml", "examples/standalone.yaml"]
-    {
+    for rel in [
+        "base/strata.yaml",
+        "examples/sidecar-job.yaml",
+        "examples/warmup-cronjob.yaml",
+        "examples/standalone.yaml",
+    ] {
         let yaml = k8s(rel);
         assert!(!yaml.contains("token: strata_"), "{rel} holds a token");
         assert!(!yaml.contains("name: STRATA_TOKEN\n"), "{rel} passes a token by value");

@@ -306,7 +306,12 @@ impl ShortCircuit {
         let addr = self.socket.as_str();
         let mut req = req.clone();
         req.req_id = self.next_req_id.fetch_add(1, Ordering::Relaxed);
-        let pooled = self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let pooled = loop {
+            match self.shared.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+                Some(s) if crate::transport::closed_or_unsolicited(std::os::fd::AsFd::as_fd(&s)) => continue,
+                other => break other,
+            }
+        };
         let mut stream = match pooled {
             Some(s) => s,
             None => crate::transport::connect_unix(addr, self.connect_timeout, &self.credentials).await?,

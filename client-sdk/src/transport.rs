@@ -4,6 +4,7 @@
 //! transport and fails on demand, for tests.
 
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -129,10 +130,13 @@ impl TcpPool {
 
     /// An idle connection to `addr`, or a new one.
     pub(crate) async fn checkout(&self, addr: &str) -> Result<DataStream, TransportError> {
-        let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop);
-        match pooled {
-            Some(stream) => Ok(stream),
-            None => connect_tcp(addr, &self.dial).await,
+        loop {
+            let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(addr).and_then(Vec::pop);
+            match pooled {
+                Some(stream) if stream.is_stale() => continue,
+                Some(stream) => return Ok(stream),
+                None => return connect_tcp(addr, &self.dial).await,
+            }
         }
     }
 
@@ -227,6 +231,16 @@ pub(crate) enum ParkedStream {
 }
 
 impl DataStream {
+    /// Whether a pooled connection can no longer carry a request: the worker closed it while
+    /// it sat idle (its idle timeout, a restart) or sent bytes nobody asked for.
+    pub(crate) fn is_stale(&self) -> bool {
+        let tcp = match self {
+            DataStream::Plain(s) => Some(s),
+            DataStream::Tls(s) => s.get_ref().0.live.as_ref(),
+        };
+        tcp.is_none_or(|s| closed_or_unsolicited(s.as_fd()))
+    }
+
     /// Detaches the connection from the current runtime (which may then shut down) and keeps
     /// its TLS session, for [`ParkedStream::attach`] in another. Only between exchanges: no
     /// bytes pending either way.
@@ -660,8 +674,12 @@ impl Pool for UnixTransport {
     type Stream = UnixStream;
 
     async fn checkout(&self, addr: &str) -> Result<UnixStream, TransportError> {
-        if let Some(stream) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(stream);
+        loop {
+            match self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+                Some(stream) if closed_or_unsolicited(stream.as_fd()) => continue,
+                Some(stream) => return Ok(stream),
+                None => break,
+            }
         }
         connect_unix(addr, self.connect_timeout, &self.credentials).await
     }
@@ -685,6 +703,22 @@ impl Pool for UnixTransport {
 pooled_transport!(UnixTransport);
 
 /// A new connection to a worker's Unix socket at `path`.
+/// Whether an idle socket has been closed by its peer or holds bytes nobody asked for: a
+/// non-blocking peek, which consumes nothing. A pooled connection in either state is dropped
+/// rather than used (the first request on it would fail, and be retried elsewhere).
+pub(crate) fn closed_or_unsolicited(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: `fd` is an open socket borrowed for the call; the buffer is one valid byte.
+    let n =
+        unsafe { libc::recv(fd.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let err = std::io::Error::last_os_error();
+        return err.kind() != std::io::ErrorKind::WouldBlock;
+    }
+    true
+}
+
 /// A new connection to a worker's Unix socket at `path` that has presented `credentials`.
 pub(crate) async fn connect_unix(
     path: &str,
@@ -886,6 +920,43 @@ mod tests {
 
     async fn answer(frame: &[u8], req_id: u64) -> Result<(Option<Bytes>, Source), TransportError> {
         read_response(&mut &frame[..], "w:1", req_id, 10, Sink::New).await
+    }
+
+    /// A worker closes a pooled connection that idled past its idle timeout: the pool drops it
+    /// and dials anew, so the next read does not fail (on a one-worker cluster, there is no
+    /// other worker to retry on).
+    #[tokio::test]
+    async fn a_pooled_connection_the_worker_closed_is_replaced_not_used() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let pool = TcpPool::new(Duration::from_secs(2));
+        let first = pool.checkout(&addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(!first.is_stale(), "an open, quiet connection is fine");
+        pool.checkin(&addr, first);
+        drop(accepted);
+        // The close reaches this side's socket; wait for it with a deadline, not a sleep.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let idle = pool.idle.lock().unwrap();
+            if idle.get(&addr).is_some_and(|v| v.iter().all(DataStream::is_stale)) {
+                break;
+            }
+            drop(idle);
+            assert!(std::time::Instant::now() < deadline, "the close never arrived");
+            tokio::task::yield_now().await;
+        }
+        let second = pool.checkout(&addr).await.unwrap();
+        let (mut accepted, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("dialled anew")
+            .unwrap();
+        let mut second = second;
+        second.write_all(b"ping").await.unwrap();
+        second.flush().await.unwrap();
+        let mut got = [0u8; 4];
+        accepted.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
     }
 
     #[tokio::test]
