@@ -413,6 +413,51 @@ fn a_schedule_fires_once_per_time_across_a_failover() {
     }
 }
 
+/// Tokens live in etcd: one created through a leader works through the next, and a revocation
+/// through the new leader holds.
+#[test]
+fn tokens_created_before_a_failover_work_after_it_and_revocations_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(&tmp.path().join("etcd"), 1);
+    let (mut masters, list) = three_masters(tmp.path(), &etcd);
+    let created = run(&list, &["token", "create", "--role", "reader", "--name", "before failover"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let stdout = String::from_utf8(created.stdout).unwrap();
+    let reader = stdout.lines().last().unwrap().to_string();
+    let as_reader = |args: &[&str]| {
+        strata()
+            .env_remove("STRATA_TOKEN_FILE")
+            .env("STRATA_TOKEN", &reader)
+            .arg("--master")
+            .arg(&list)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(as_reader(&["status"]).status.success());
+
+    let old = kill_leader(&mut masters, &list);
+    wait_for("a new leader", Duration::from_secs(30), || {
+        let o = run(&list, &["status", "--json"]);
+        (o.status.success() && json_of(&o)["leader"].as_str() != Some(old.as_str())).then_some(())
+    });
+    let after = as_reader(&["status"]);
+    assert!(
+        after.status.success(),
+        "the token is known to the new leader: {}",
+        String::from_utf8_lossy(&after.stderr)
+    );
+    let tokens = json_of(&run(&list, &["token", "ls", "--json"]));
+    let id = tokens.as_array().unwrap().iter().find(|t| t["name"] == "before failover").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(run(&list, &["token", "revoke", &id]).status.success());
+    let refused = as_reader(&["status"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("unknown or revoked token"));
+}
+
 #[test]
 fn an_etcd_restart_keeps_mounts_and_jobs() {
     let tmp = tempfile::tempdir().unwrap();
