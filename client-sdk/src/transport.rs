@@ -938,11 +938,11 @@ mod tests {
         // The close reaches this side's socket; wait for it with a deadline, not a sleep.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let idle = pool.idle.lock().unwrap();
-            if idle.get(&addr).is_some_and(|v| v.iter().all(DataStream::is_stale)) {
+            let closed =
+                pool.idle.lock().unwrap().get(&addr).is_some_and(|v| v.iter().all(DataStream::is_stale));
+            if closed {
                 break;
             }
-            drop(idle);
             assert!(std::time::Instant::now() < deadline, "the close never arrived");
             tokio::task::yield_now().await;
         }
