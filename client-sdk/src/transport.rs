@@ -408,7 +408,13 @@ pub(crate) async fn connect_tcp(addr: &str, dial: &Dial) -> Result<DataStream, T
             Err(source) => return Err(TransportError::Tls { addr: addr.to_string(), source }),
         },
     };
-    dial.credentials.present(&mut stream, addr).await?;
+    if let Err(e) = dial.credentials.present(&mut stream, addr).await {
+        let source = match e {
+            TransportError::Io { source, .. } => source,
+            other => return Err(other),
+        };
+        return Err(why_write_failed(&mut stream, addr, source).await);
+    }
     Ok(stream)
 }
 
@@ -479,11 +485,53 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     req: &ReadBlockRequest,
     sink: Sink<'_>,
 ) -> Result<(Option<Bytes>, Source), TransportError> {
-    let io = |source| TransportError::Io { addr: addr.to_string(), source };
-    stream.write_all(&req.encode()).await.map_err(io)?;
-    // A no-op on plain TCP; TLS may hold back the record otherwise.
-    stream.flush().await.map_err(io)?;
+    let sent = async {
+        stream.write_all(&req.encode()).await?;
+        // A no-op on plain TCP; TLS may hold back the record otherwise.
+        stream.flush().await
+    };
+    if let Err(e) = sent.await {
+        return Err(why_write_failed(stream, addr, e).await);
+    }
     read_response(stream, addr, req.req_id, req.len, sink).await
+}
+
+/// The error of a write that failed because the server closed the connection: the reason it
+/// gave before closing when there is one to read — a TLS alert (a client certificate it
+/// refused), an error frame (a refused token, its connection limits) — rather than "broken
+/// pipe". Looked for briefly; `e` when nothing explains it.
+pub(crate) async fn why_write_failed<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    addr: &str,
+    e: std::io::Error,
+) -> TransportError {
+    let fallback = || TransportError::Io { addr: addr.to_string(), source: e };
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    let read = tokio::time::timeout(Duration::from_millis(200), read_head(stream, addr, &mut head)).await;
+    match read {
+        Ok(Err(tls @ TransportError::Tls { .. })) => tls,
+        // A TLS stream reports the server's alert as the read's error.
+        Ok(Err(TransportError::Io { source, .. })) if source.kind() == std::io::ErrorKind::InvalidData => {
+            TransportError::Tls { addr: addr.to_string(), source }
+        }
+        Ok(Ok(())) => match ResponseHeader::decode(&head) {
+            Ok(ResponseHeader { status: Err(kind), payload_len, .. }) => {
+                let mut message =
+                    vec![0u8; payload_len.min(strata_common::frame::MAX_ERROR_MESSAGE as u64) as usize];
+                match tokio::time::timeout(Duration::from_millis(200), stream.read_exact(&mut message)).await
+                {
+                    Ok(Ok(_)) => TransportError::Remote {
+                        addr: addr.to_string(),
+                        kind,
+                        message: String::from_utf8_lossy(&message).into_owned(),
+                    },
+                    _ => fallback(),
+                }
+            }
+            _ => fallback(),
+        },
+        _ => fallback(),
+    }
 }
 
 /// Reads the response to request `req_id`: a success must carry `expected` payload bytes,

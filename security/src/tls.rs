@@ -199,9 +199,23 @@ impl ServerTls {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        let accept = tokio_rustls::TlsAcceptor::from(self.config.clone()).accept(io);
+        let accept = tokio_rustls::TlsAcceptor::from(self.config.clone()).accept(io).into_fallible();
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
-            Ok(result) => result.map_err(|e| handshake_error("TLS handshake failed", e)),
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err((e, mut io))) => {
+                // The alert saying why (a client certificate refused) is on its way to the peer,
+                // which may already have sent its first request. Closing with those bytes unread
+                // would reset the connection and destroy the alert in flight: half-close and
+                // drain briefly instead, so the peer reads the reason.
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _ = io.shutdown().await;
+                let drain = async {
+                    let mut sink = [0u8; 4096];
+                    while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+                };
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(200), drain).await;
+                Err(handshake_error("TLS handshake failed", e))
+            }
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("TLS handshake not done within {} s", HANDSHAKE_TIMEOUT.as_secs()),
