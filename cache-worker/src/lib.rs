@@ -220,8 +220,7 @@ impl Worker {
         };
         let cancel = CancellationToken::new();
         let view = Arc::new(view::LastView::default());
-        let auth = Arc::new(auth::PeerAuth::unknown());
-        master_link::learn_tokens(&master, &worker_id, &auth).await;
+        let auth = master_link::learn_tokens(&master, &worker_id).await;
         let connections = Arc::new(dataplane::Connections::from_config(&config));
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),

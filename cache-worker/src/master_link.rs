@@ -134,11 +134,13 @@ pub async fn refresh_tokens(client: &MasterConn, worker_id: &str, auth: &PeerAut
 /// refuses everyone until it learns it).
 const FIRST_TOKENS_WAIT: Duration = Duration::from_secs(3);
 
-/// At start: fetches the token table (bounded by [`FIRST_TOKENS_WAIT`]), and lets the data plane
-/// fetch it again when a peer presents a token it does not know (created a moment ago).
-pub async fn learn_tokens(client: &MasterConn, worker_id: &str, auth: &Arc<PeerAuth>) {
-    let _ = tokio::time::timeout(FIRST_TOKENS_WAIT, refresh_tokens(client, worker_id, auth)).await;
-    let (client, worker_id, weak) = (client.clone(), worker_id.to_string(), Arc::downgrade(auth));
+/// At start: the data plane's token check, with the table fetched (bounded by
+/// [`FIRST_TOKENS_WAIT`]) and fetched again when a peer presents a token it does not know
+/// (created a moment ago).
+pub async fn learn_tokens(client: &MasterConn, worker_id: &str) -> Arc<PeerAuth> {
+    let auth = Arc::new(PeerAuth::unknown());
+    let _ = tokio::time::timeout(FIRST_TOKENS_WAIT, refresh_tokens(client, worker_id, &auth)).await;
+    let (client, worker_id, weak) = (client.clone(), worker_id.to_string(), Arc::downgrade(&auth));
     auth.set_refresher(Box::new(move || {
         let (client, worker_id, weak) = (client.clone(), worker_id.clone(), weak.clone());
         Box::pin(async move {
@@ -148,6 +150,7 @@ pub async fn learn_tokens(client: &MasterConn, worker_id: &str, auth: &Arc<PeerA
             }
         })
     }));
+    auth
 }
 
 /// Whether the view is older than the epochs the master just announced.

@@ -93,8 +93,7 @@ pub async fn start_with_clock(
     blocks.mounts().refresh().await;
     let view = Arc::new(crate::view::LastView::default());
     master_link::refresh_view(&master, &view, &clock).await;
-    let auth = Arc::new(crate::auth::PeerAuth::unknown());
-    master_link::learn_tokens(&master, &worker_id, &auth).await;
+    let auth = master_link::learn_tokens(&master, &worker_id).await;
 
     let listener = bind_socket(&socket_path, config.socket_group.as_deref())?;
 

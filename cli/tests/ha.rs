@@ -163,27 +163,12 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(out)
 }
 
-/// The cluster's tokens for these tests: files made once, handed to every master as its
-/// bootstrap tokens (as a Kubernetes Secret would be), to workers (`worker_token_file`) and to
-/// client commands (`admin_token_file`).
-fn token_dir() -> &'static std::path::Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["admin.token", "worker.token"] {
-            strata_security::token::read_or_create_token_file(&dir.path().join(name)).unwrap();
-        }
-        dir
-    })
-    .path()
-}
-
 fn admin_token_file() -> std::path::PathBuf {
-    token_dir().join("admin.token")
+    strata_testkit::shared_token_file("admin.token")
 }
 
 fn worker_token_file() -> std::path::PathBuf {
-    token_dir().join("worker.token")
+    strata_testkit::shared_token_file("worker.token")
 }
 
 fn strata() -> Command {

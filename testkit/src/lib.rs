@@ -326,6 +326,21 @@ impl Cluster {
     }
 }
 
+/// Token files shared by the tests of one process that start `strata` processes themselves:
+/// made once, handed to every master as its bootstrap tokens (as a Kubernetes Secret would be),
+/// to workers (`worker.token`) and to client commands (`admin.token`).
+pub fn shared_token_file(name: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in [strata_security::token::ADMIN_TOKEN_FILE, strata_security::token::WORKER_TOKEN_FILE] {
+            strata_security::token::read_or_create_token_file(&dir.path().join(name)).expect("token file");
+        }
+        dir
+    });
+    dir.path().join(name)
+}
+
 fn read_token(path: &Path) -> String {
     strata_security::token::read_token_file(path).expect("the master wrote its token file")
 }
