@@ -214,7 +214,10 @@ impl Ufs for OpendalUfs {
             let (path, meta) = entry.into_parts();
             let name = path.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string();
             // opendal lists the directory itself as an entry on some services.
-            if name.is_empty() || path.trim_end_matches('/') == dir_path.trim_end_matches('/') {
+            if name.is_empty()
+                || path.trim_end_matches('/') == dir_path.trim_end_matches('/')
+                || crate::write::is_staging_name(&name)
+            {
                 continue;
             }
             out.push(UfsEntry { name, meta: to_meta(&meta) });
@@ -278,7 +281,9 @@ impl Ufs for OpendalUfs {
                                     Ok(entry) => {
                                         let (path, meta) = entry.into_parts();
                                         let listed_after = start_after.is_none_or(|a| path.as_str() > a);
-                                        (!meta.is_dir() && !path.ends_with('/') && listed_after)
+                                        let name = path.rsplit('/').next().unwrap_or("");
+                                        let staging = crate::write::is_staging_name(name);
+                                        (!meta.is_dir() && !path.ends_with('/') && listed_after && !staging)
                                             .then(|| Ok(UfsFile { meta: to_meta(&meta), path }))
                                     }
                                 })
@@ -335,6 +340,27 @@ mod tests {
             ufs.read_range("sub/a.bin", 0..5, "m1-s11").await,
             Err(UfsError::VersionChanged(_))
         ));
+    }
+
+    /// A write in progress on a local directory stages under a hidden name; a listing (one
+    /// level or recursive) never shows it, even while it exists, and shows the file once closed.
+    #[tokio::test]
+    async fn writes_in_progress_are_not_listed() {
+        use futures::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let ufs = OpendalUfs::open(&format!("file://{}", dir.path().display()), &BTreeMap::new()).unwrap();
+        let mut w = ufs.as_write().unwrap().writer("d/f.bin").await.unwrap();
+        // More than a chunk, so the writer has flushed to the staging file.
+        w.write(Bytes::from(vec![7u8; 9 << 20])).await.unwrap();
+        let staged = std::fs::read_dir(dir.path().join("d")).unwrap().count();
+        assert_eq!(staged, 1, "the staging file exists on disk");
+        assert!(ufs.list("d").await.unwrap().is_empty());
+        let all: Vec<_> = ufs.list_recursive("", None).collect().await;
+        assert!(all.is_empty(), "{:?}", all.iter().map(|f| f.as_ref().map(|f| &f.path)).collect::<Vec<_>>());
+        w.close().await.unwrap();
+        let names: Vec<_> = ufs.list("d").await.unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, ["f.bin"]);
     }
 }
 

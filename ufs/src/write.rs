@@ -46,12 +46,20 @@ struct OpendalWriter {
     staging: Option<String>,
 }
 
+const STAGING_SUFFIX: &str = ".strata-partial";
+
+/// Whether a listed name is a write in progress: listings hide them, because a writer that
+/// was dropped (a client gone mid-write) may leave one for a moment after its client moved on.
+pub(crate) fn is_staging_name(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(STAGING_SUFFIX)
+}
+
 /// A hidden name next to `path` for a write in progress (`*.strata-partial`).
 fn staging_name(path: &str) -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (dir, name) = path.rsplit_once('/').map_or(("", path), |(d, n)| (d, n));
-    let unique = format!(".{name}.{}-{n}.strata-partial", std::process::id());
+    let unique = format!(".{name}.{}-{n}{STAGING_SUFFIX}", std::process::id());
     if dir.is_empty() { unique } else { format!("{dir}/{unique}") }
 }
 
