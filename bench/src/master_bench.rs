@@ -144,6 +144,7 @@ async fn report(addr: String, worker_token: String, args: Args, w: u64) -> anyho
                     added: std::mem::take(&mut chunk),
                     removed: Vec::new(),
                     full_report: first,
+                    journals: Vec::new(),
                 })
                 .await?
                 .into_inner();

@@ -297,6 +297,7 @@ async fn tls_rows(args: &Args, cluster: &Cluster, plain: &Client, size: u64, tcp
             connections: Arc::new(strata_worker::dataplane::Connections::from_config(
                 &WorkerConfig::default(),
             )),
+            writeback: None,
         };
         tokio::spawn(strata_worker::dataplane::serve_tls(listener, server.clone(), plane, cancel.clone()));
     }

@@ -39,12 +39,12 @@ pub const AUTHORIZATION: &str = "authorization";
 pub fn access_of(method: &str) -> Option<Access> {
     Some(match method {
         "GetMembership" | "ListMounts" | "Status" | "GetJob" | "ListJobs" | "ListSchedules" => Access::Any,
-        "Stat" | "List" | "Find" | "GetBlockLocations" => Access::Read,
+        "Stat" | "List" | "Find" | "GetBlockLocations" | "Sync" => Access::Read,
         "Delete" | "Mkdir" | "Invalidate" => Access::Write,
         "AddMount" | "RemoveMount" | "SubmitLoad" | "CancelJob" | "AddSchedule" | "RemoveSchedule"
         | "CreateToken" | "ListTokens" | "RevokeToken" => Access::Admin,
         "RegisterWorker" | "Heartbeat" | "WorkerMounts" | "FetchLoadTasks" | "ReportLoadTasks"
-        | "WorkerTokens" => Access::Worker,
+        | "WorkerTokens" | "CommitWrite" | "UploadResult" => Access::Worker,
         _ => return None,
     })
 }

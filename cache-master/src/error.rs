@@ -59,6 +59,9 @@ pub enum OpError {
     FileToken { id: String, file: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A write-back commit or upload report the master cannot take.
+    #[error("write-back: {0}")]
+    BadCommit(String),
 }
 
 fn ufs_message(path: &str, e: &UfsError) -> String {
@@ -80,7 +83,8 @@ impl OpError {
             | Self::BadWorker
             | Self::Filter(_)
             | Self::Schedule(_)
-            | Self::TooManyReplicas { .. } => ErrorKind::InvalidArgument,
+            | Self::TooManyReplicas { .. }
+            | Self::BadCommit(_) => ErrorKind::InvalidArgument,
             Self::NoMount(_) | Self::NoJob(_) | Self::NoSchedule(_) | Self::NoToken(_) => ErrorKind::NotFound,
             Self::Auth(e) => e.kind(),
             Self::FileToken { .. } => ErrorKind::InvalidArgument,

@@ -249,7 +249,8 @@ impl TermFollower {
         let (stored, resume) = load_state(&self.config, store, self.factory.as_ref(), &self.clock)?;
         let mut parts = build_parts(&self.config, stored, self.factory.clone(), self.clock.clone());
         parts.rpc.leader = self.advertise.clone();
-        let ticker = spawn_liveness_tick(&self.config, parts.cluster.clone(), parts.cancel.clone());
+        let pending = parts.rpc.metadata.pending().clone();
+        let ticker = spawn_liveness_tick(&self.config, parts.cluster.clone(), pending, parts.cancel.clone());
         let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), parts.cancel.clone());
         resume_jobs(&parts.runner, resume, &self.config);
         self.gate.set(GateState::Leading(master_service(parts.rpc)));

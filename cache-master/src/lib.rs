@@ -35,6 +35,7 @@ mod runner;
 mod schedule;
 mod start;
 mod store;
+mod writeback;
 
 pub use config::MasterConfig;
 

@@ -21,6 +21,41 @@ use crate::locks::{lock, read, write};
 use crate::metrics_defs as m;
 use crate::mounts::{Mount, MountError, MountRecord, MountTable};
 use crate::store::MetaStore;
+use crate::writeback::{PendingView, WriteBack};
+
+/// What a write-back file not yet in the UFS looks like to clients.
+fn pending_meta(p: &PendingView) -> ObjectMeta {
+    ObjectMeta {
+        is_dir: false,
+        size: p.record.size,
+        version: p.record.version(),
+        mtime_ms: p.record.mtime_ms,
+    }
+}
+
+/// A directory's sorted UFS entries with the write-back files pending at or under it: a file
+/// replaces the UFS's entry of the same name, a deeper one shows as its first directory.
+fn merge_pending(listed: &[UfsEntry], dir: &str, pending: &[PendingView]) -> Vec<UfsEntry> {
+    let mut by_name: std::collections::BTreeMap<String, UfsEntry> =
+        listed.iter().map(|e| (e.name.clone(), e.clone())).collect();
+    let prefix = format!("{}/", dir.trim_end_matches('/'));
+    for p in pending {
+        let Some(below) = p.record.path.strip_prefix(&prefix) else { continue };
+        match below.split_once('/') {
+            None => {
+                by_name
+                    .insert(below.to_string(), UfsEntry { name: below.to_string(), meta: pending_meta(p) });
+            }
+            Some((sub, _)) => {
+                by_name.entry(sub.to_string()).or_insert_with(|| UfsEntry {
+                    name: sub.to_string(),
+                    meta: ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 },
+                });
+            }
+        }
+    }
+    by_name.into_values().collect()
+}
 
 /// A Strata path and where it lives.
 pub struct Resolved {
@@ -60,6 +95,8 @@ pub struct Metadata {
     lists: Cache<String, Arc<Cached<Arc<Vec<UfsEntry>>>>>,
     /// Cached entries age on this clock.
     clock: SharedClock,
+    /// Write-back files not yet in the UFS, overlaid on its metadata.
+    pending: Arc<WriteBack>,
 }
 
 /// Listed entries the cache holds per stat it holds (`cache_entries`): a listing entry is small,
@@ -76,6 +113,7 @@ pub struct MetadataParams {
     /// Stats kept; listings hold [`LISTED_ENTRIES_PER_STAT`] times as many entries in all.
     pub cache_entries: u64,
     pub clock: SharedClock,
+    pub pending: Arc<WriteBack>,
 }
 
 impl Metadata {
@@ -95,7 +133,12 @@ impl Metadata {
                 .max_capacity(p.cache_entries.saturating_mul(LISTED_ENTRIES_PER_STAT))
                 .build(),
             clock: p.clock,
+            pending: p.pending,
         }
+    }
+
+    pub fn pending(&self) -> &Arc<WriteBack> {
+        &self.pending
     }
 
     fn fresh<T>(&self, hit: &Cached<T>, mount: &Mount) -> bool {
@@ -115,6 +158,9 @@ impl Metadata {
     /// A path's metadata: from the cache while fresh (unless `sync`), else from the UFS.
     pub async fn stat(&self, raw: &str, sync: bool) -> Result<(Resolved, ObjectMeta), OpError> {
         let r = self.resolve(raw)?;
+        if let Some(p) = self.pending.get(&r.path) {
+            return Ok((r, pending_meta(&p)));
+        }
         let cached = if sync { None } else { self.stats.get(&r.path).await };
         if let Some(hit) = cached.filter(|hit| self.fresh(hit, &r.mount)) {
             metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
@@ -127,6 +173,13 @@ impl Metadata {
         } else {
             match r.mount.ufs.stat(&r.rel).await {
                 Ok(meta) => meta,
+                // A directory only write-back files not yet uploaded make.
+                Err(UfsError::NotFound(_)) if self.pending.has_children(&r.path) => {
+                    return Ok((
+                        r,
+                        ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 },
+                    ));
+                }
                 Err(e) => {
                     self.stats.invalidate(&r.path).await;
                     return Err(OpError::ufs(&r.path, e));
@@ -157,10 +210,16 @@ impl Metadata {
             return Ok((r.mount, if after.is_empty() { vec![entry] } else { Vec::new() }, None));
         }
         // A later page reuses the listing the first one cached (unless it expired).
-        let all = self
-            .dir_listing(&r.path, &r.rel, &r.mount, !(sync && after.is_empty()))
-            .await
-            .map_err(|e| OpError::ufs(&r.path, e))?;
+        let listed = self.dir_listing(&r.path, &r.rel, &r.mount, !(sync && after.is_empty())).await;
+        let pending = self.pending.under(&r.path);
+        let all = match listed {
+            Ok(all) if pending.is_empty() => all,
+            Ok(all) => Arc::new(merge_pending(&all, &r.path, &pending)),
+            Err(UfsError::NotFound(_)) if !pending.is_empty() => {
+                Arc::new(merge_pending(&[], &r.path, &pending))
+            }
+            Err(e) => return Err(OpError::ufs(&r.path, e)),
+        };
         let start = if after.is_empty() { 0 } else { all.partition_point(|e| e.name.as_str() <= after) };
         let end = start.saturating_add(limit.max(1)).min(all.len());
         let entries = all[start..end]
@@ -228,22 +287,49 @@ impl Metadata {
         } else {
             strata_ufs::walk(CachedTree { metadata: self, mount: &mount }, &r.rel, after)
         };
+        // Write-back files not yet in the UFS join the listing in its order (the UFS's copy of
+        // a path that has one pending is the older version: the pending one wins).
+        let mut pending: std::collections::VecDeque<(String, ObjectMeta)> = self
+            .pending
+            .under(&r.path)
+            .iter()
+            .filter_map(|p| {
+                let rel = p.record.path.strip_prefix(&mount.record.path)?.trim_start_matches('/').to_string();
+                after.is_none_or(|a| rel.as_str() > a).then(|| (rel, pending_meta(p)))
+            })
+            .collect();
         let mut entries = Vec::new();
         let mut last_seen = None;
-        while let Some(file) = listing.next().await {
-            let file = file.map_err(|e| OpError::ufs(&r.path, e))?;
-            if entries.len() >= limit.max(1) {
-                // One more exists: the page ends at the last one returned (or skipped).
-                drop(listing);
-                return Ok((r.mount, entries, last_seen));
+        loop {
+            let listed = match listing.next().await {
+                Some(file) => Some(file.map_err(|e| OpError::ufs(&r.path, e))?),
+                None => None,
+            };
+            let mut next: Vec<(String, ObjectMeta)> = Vec::new();
+            while pending.front().is_some_and(|(rel, _)| listed.as_ref().is_none_or(|f| rel <= &f.path)) {
+                next.extend(pending.pop_front());
             }
-            let depth = file.path.split('/').count() - base_depth;
-            last_seen = Some(file.path.clone());
-            if max_depth > 0 && depth > max_depth {
-                continue;
+            if let Some(file) = listed {
+                if next.last().is_none_or(|(rel, _)| rel != &file.path) {
+                    next.push((file.path, file.meta));
+                }
+            } else if next.is_empty() {
+                break;
             }
-            let strata_path = path::join(&mount.record.path, &file.path);
-            entries.push(Entry { path: strata_path, rel: file.path, meta: file.meta });
+            for (rel, meta) in next {
+                if entries.len() >= limit.max(1) {
+                    // One more exists: the page ends at the last one returned (or skipped).
+                    drop(listing);
+                    return Ok((r.mount, entries, last_seen));
+                }
+                let depth = rel.split('/').count() - base_depth;
+                last_seen = Some(rel.clone());
+                if max_depth > 0 && depth > max_depth {
+                    continue;
+                }
+                let strata_path = path::join(&mount.record.path, &rel);
+                entries.push(Entry { path: strata_path, rel, meta });
+            }
         }
         drop(listing);
         Ok((r.mount, entries, None))
@@ -289,7 +375,22 @@ impl Metadata {
         if r.rel.is_empty() {
             return Err(OpError::MountPoint(r.path));
         }
-        let meta = r.mount.ufs.stat(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))?;
+        // Write-back files not yet uploaded go first, so no later upload brings them back.
+        let is_pending_file = self.pending.get(&r.path).is_some();
+        if !is_pending_file && !recursive && self.pending.has_children(&r.path) {
+            let msg = format!("{} is a directory that is not empty (delete it recursively)", r.path);
+            return Err(OpError::ufs(&r.path, UfsError::IsDirectory(msg)));
+        }
+        let forgotten = self.pending.forget_under(&r.path)?;
+        let meta = match r.mount.ufs.stat(&r.rel).await {
+            Ok(meta) => meta,
+            Err(UfsError::NotFound(_)) if forgotten > 0 => {
+                self.forget(&r.path, !is_pending_file).await;
+                info!(path = %r.path, files = forgotten, "deleted before its upload");
+                return Ok(());
+            }
+            Err(e) => return Err(OpError::ufs(&r.path, e)),
+        };
         let ufs = r.mount.ufs.as_write().ok_or_else(|| Self::read_only(&r))?;
         let result = ufs.delete(&r.rel, meta.is_dir, recursive).await;
         self.forget(&r.path, meta.is_dir).await;

@@ -23,3 +23,11 @@ pub const JOBS_SUBMITTED: &str = "strata_master_jobs_submitted_total";
 pub const JOBS_FINISHED: &str = "strata_master_jobs_finished_total";
 /// Counter: block load tasks handed to workers (a retried task counts again).
 pub const LOAD_TASKS_ASSIGNED: &str = "strata_master_load_tasks_assigned_total";
+/// Gauge: write-back files acknowledged and not yet in the UFS.
+pub const WRITEBACK_PENDING_FILES: &str = "strata_master_writeback_pending_files";
+/// Gauge: bytes of those files.
+pub const WRITEBACK_PENDING_BYTES: &str = "strata_master_writeback_pending_bytes";
+/// Gauge: seconds since the oldest of them was acknowledged (0 when none is pending).
+pub const WRITEBACK_OLDEST_PENDING: &str = "strata_master_writeback_oldest_pending_seconds";
+/// Counter, label `result` (`persisted`, `failed`): write-back uploads that ended.
+pub const WRITEBACK_UPLOADS: &str = "strata_master_writeback_uploads_total";

@@ -22,6 +22,7 @@ use crate::mounts::{Mount, MountRecord};
 use crate::reports::{BlockReport, Tier, TierUsage, WorkerCounters};
 use crate::runner::JobRunner;
 use crate::schedule::ScheduleRecord;
+use crate::writeback::{Commit, HeldJournal, PersistState};
 
 type RpcResult<T> = Result<Response<T>, Status>;
 
@@ -97,7 +98,7 @@ impl MasterRpc for Rpc {
         check_path(&req, Access::Read, &req.get_ref().path)?;
         let req = req.into_inner();
         let (r, meta) = self.metadata.stat(&req.path, req.sync).await.map_err(status(RPC))?;
-        Ok(Response::new(file_status(&r.path, &r.mount, &r.rel, &meta)))
+        Ok(Response::new(self.with_pending(file_status(&r.path, &r.mount, &r.rel, &meta))))
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> RpcResult<pb::ListResponse> {
@@ -110,7 +111,10 @@ impl MasterRpc for Rpc {
             .list_page(&req.path, req.sync, &req.page_token, page_size(req.page_size))
             .await
             .map_err(status(RPC))?;
-        let entries = entries.iter().map(|e| file_status(&e.path, &mount, &e.rel, &e.meta)).collect();
+        let entries = entries
+            .iter()
+            .map(|e| self.with_pending(file_status(&e.path, &mount, &e.rel, &e.meta)))
+            .collect();
         Ok(Response::new(pb::ListResponse { entries, next_page_token: next.unwrap_or_default() }))
     }
 
@@ -124,7 +128,10 @@ impl MasterRpc for Rpc {
             .find_page(&req.path, req.sync, &req.page_token, page_size(req.page_size), req.max_depth as usize)
             .await
             .map_err(status(RPC))?;
-        let entries = entries.iter().map(|e| file_status(&e.path, &mount, &e.rel, &e.meta)).collect();
+        let entries = entries
+            .iter()
+            .map(|e| self.with_pending(file_status(&e.path, &mount, &e.rel, &e.meta)))
+            .collect();
         Ok(Response::new(pb::FindResponse { entries, next_page_token: next.unwrap_or_default() }))
     }
 
@@ -240,19 +247,117 @@ impl MasterRpc for Rpc {
         let req = req.into_inner();
         let mounts_epoch = self.metadata.mounts_epoch();
         let answer = self.cluster.heartbeat(Heartbeat {
-            worker_id: req.worker_id,
+            worker_id: req.worker_id.clone(),
             tiers: req.tiers.iter().map(tier_usage).collect(),
             counters: req.counters.as_ref().map(counters).unwrap_or_default(),
             added: req.added.iter().map(block_report).collect(),
             removed: req.removed.iter().map(block_report).collect(),
             full_report: req.full_report,
         });
+        let held: Vec<HeldJournal> = req
+            .journals
+            .into_iter()
+            .map(|j| HeldJournal {
+                write_id: j.write_id,
+                path: j.path,
+                uploading: j.uploading,
+                age_ms: j.age_ms,
+            })
+            .collect();
+        let orders = if answer.reregister {
+            Default::default()
+        } else {
+            self.metadata.pending().heartbeat(&req.worker_id, &held, &self.live_ids())
+        };
         Ok(Response::new(pb::HeartbeatResponse {
             reregister: answer.reregister,
             membership_epoch: answer.membership_epoch,
             mounts_epoch,
             tokens_epoch: self.tokens.epoch(),
+            upload: orders.upload,
+            drop: orders.drop,
         }))
+    }
+
+    async fn commit_write(&self, req: Request<pb::CommitWriteRequest>) -> RpcResult<pb::CommitWriteResponse> {
+        const RPC: &str = "commit_write";
+        count(RPC);
+        let req = req.into_inner();
+        let r = self.metadata.resolve(&req.path).map_err(status(RPC))?;
+        let upload = self
+            .metadata
+            .pending()
+            .commit(Commit {
+                worker_id: req.worker_id,
+                path: r.path.clone(),
+                write_id: req.write_id,
+                size: req.size,
+                mtime_ms: req.mtime_ms,
+                holders: req.holders,
+                persisted: req.persisted,
+            })
+            .map_err(status(RPC))?;
+        // Stats and listings cached from the UFS are older than this file.
+        self.metadata.invalidate(&r.path).await.map_err(status(RPC))?;
+        Ok(Response::new(pb::CommitWriteResponse { upload }))
+    }
+
+    async fn upload_result(
+        &self,
+        req: Request<pb::UploadResultRequest>,
+    ) -> RpcResult<pb::UploadResultResponse> {
+        const RPC: &str = "upload_result";
+        count(RPC);
+        let req = req.into_inner();
+        let ended = self
+            .metadata
+            .pending()
+            .upload_result(
+                &req.worker_id,
+                &req.path,
+                &req.write_id,
+                &req.error,
+                req.gave_up,
+                &self.live_ids(),
+            )
+            .map_err(status(RPC))?;
+        if let Some(path) = &ended.persisted {
+            self.metadata.invalidate(path).await.map_err(status(RPC))?;
+        }
+        if let Some(path) = ended.delete_again {
+            // Deleted while its upload ran: the upload brought it back.
+            if let Err(e) = self.metadata.delete(&path, false).await {
+                tracing::warn!(path, err = %e, "cannot delete a file whose upload ended after its delete");
+            }
+        }
+        Ok(Response::new(pb::UploadResultResponse { upload: ended.upload }))
+    }
+
+    async fn sync(&self, req: Request<pb::SyncRequest>) -> RpcResult<pb::SyncResponse> {
+        const RPC: &str = "sync";
+        count(RPC);
+        check_path(&req, Access::Read, &req.get_ref().path)?;
+        let req = req.into_inner();
+        let r = self.metadata.resolve(&req.path).map_err(status(RPC))?;
+        let pending = self.metadata.pending();
+        if req.retry_failed {
+            pending.retry_failed(&r.path).map_err(status(RPC))?;
+        }
+        let pending = pending
+            .under(&r.path)
+            .into_iter()
+            .map(|v| pb::PendingFile {
+                state: persist_state(v.state) as i32,
+                path: v.record.path,
+                write_id: v.record.write_id,
+                size: v.record.size,
+                error: v.error,
+                holders: v.record.holders,
+                committed_unix_ms: v.record.committed_unix_ms,
+                uploader: v.uploader,
+            })
+            .collect();
+        Ok(Response::new(pb::SyncResponse { pending }))
     }
 
     async fn worker_mounts(&self, _: Request<pb::WorkerMountsRequest>) -> RpcResult<pb::MountList> {
@@ -386,6 +491,28 @@ fn token_info(r: &TokenRecord) -> pb::TokenInfo {
 }
 
 impl Rpc {
+    fn live_ids(&self) -> std::collections::HashSet<String> {
+        self.cluster.live().1.into_iter().map(|m| m.id).collect()
+    }
+
+    /// A write-back file not yet in the UFS carries its live holders and its state.
+    fn with_pending(&self, mut status: pb::FileStatus) -> pb::FileStatus {
+        if status.is_dir || !status.version.starts_with(crate::writeback::VERSION_PREFIX) {
+            return status;
+        }
+        let Some(view) = self.metadata.pending().get(&status.path) else { return status };
+        let live = self.cluster.live().1;
+        status.holders = view
+            .record
+            .holders
+            .iter()
+            .filter_map(|h| live.iter().find(|m| &m.id == h))
+            .map(|m| pb::Member { id: m.id.clone(), data_addr: m.data_addr.clone() })
+            .collect();
+        status.persist = persist_state(view.state) as i32;
+        status
+    }
+
     fn mount_list(&self, with_secrets: bool) -> pb::MountList {
         let (epoch, mounts) = self.metadata.mounts();
         pb::MountList { epoch, mounts: mounts.iter().map(|m| mount_info(m, with_secrets)).collect() }
@@ -393,6 +520,14 @@ impl Rpc {
 }
 
 // ---- own types <-> protobuf ----
+
+fn persist_state(s: PersistState) -> pb::PersistState {
+    match s {
+        PersistState::Pending => pb::PersistState::Pending,
+        PersistState::Uploading => pb::PersistState::Uploading,
+        PersistState::Failed => pb::PersistState::Failed,
+    }
+}
 
 fn file_status(path: &str, mount: &Mount, rel: &str, meta: &ObjectMeta) -> pb::FileStatus {
     pb::FileStatus {
@@ -407,6 +542,8 @@ fn file_status(path: &str, mount: &Mount, rel: &str, meta: &ObjectMeta) -> pb::F
         } else {
             strata_common::block::file_identity(&mount.record.uri, rel, mount.block_size)
         },
+        holders: Vec::new(),
+        persist: pb::PersistState::Persisted as i32,
     }
 }
 

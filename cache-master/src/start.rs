@@ -31,6 +31,7 @@ use crate::rpc::Rpc;
 use crate::runner::{JobRunner, RunnerParams};
 use crate::schedule::Schedules;
 use crate::store::{MetaStore, RedbStore, StoreError};
+use crate::writeback::WriteBack;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -119,9 +120,10 @@ impl Master {
         let (listener, rpc_addr) = bind_rpc(config.rpc_addr).await?;
         let (http_addr, http_task) = serve_http(config.http_addr, &parts.runner).await?;
         parts.rpc.leader = config.advertise_addr.clone().unwrap_or_else(|| rpc_addr.to_string());
+        let pending = parts.rpc.metadata.pending().clone();
         let server = spawn_rpc(rpc_server, listener, parts.rpc, cancel.clone());
 
-        let ticker = spawn_liveness_tick(&config, parts.cluster, cancel.clone());
+        let ticker = spawn_liveness_tick(&config, parts.cluster, pending, cancel.clone());
         resume_jobs(&parts.runner, resume, &config);
         let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), cancel.clone());
         info!(%rpc_addr, %http_addr, "master started");
@@ -143,6 +145,8 @@ pub(crate) struct Stored {
     /// Workers a previous leader registered (etcd only).
     workers: Vec<WorkerEntry>,
     tokens: Arc<Tokens>,
+    /// Write-back files acknowledged and not yet in the UFS.
+    pending: Arc<WriteBack>,
 }
 
 /// The stored state, and the ids of the jobs that were running (to resume).
@@ -163,6 +167,7 @@ pub(crate) fn load_state(
     let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
     let schedules = load_schedules(store.as_ref(), clock)?;
     let workers = store.load_workers()?;
+    let pending = Arc::new(WriteBack::load(store.clone(), clock.clone())?);
     info!(
         mounts = mounts.len(),
         resuming_jobs = resume.len(),
@@ -171,7 +176,7 @@ pub(crate) fn load_state(
         auth = config.auth,
         "master state loaded"
     );
-    Ok((Stored { store, mounts, jobs, schedules, workers, tokens }, resume))
+    Ok((Stored { store, mounts, jobs, schedules, workers, tokens, pending }, resume))
 }
 
 /// The master's parts, each handed what it uses, and the token that stops them.
@@ -188,7 +193,7 @@ pub(crate) fn build_parts(
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
 ) -> Parts {
-    let Stored { store, mounts, jobs, schedules, workers, tokens } = stored;
+    let Stored { store, mounts, jobs, schedules, workers, tokens, pending } = stored;
     let cancel = CancellationToken::new();
     let metadata = Arc::new(Metadata::new(MetadataParams {
         mounts,
@@ -197,6 +202,7 @@ pub(crate) fn build_parts(
         store: store.clone(),
         cache_entries: config.metadata_cache_entries,
         clock: clock.clone(),
+        pending,
     }));
     let timeout = Duration::from_millis(config.worker_timeout_ms);
     let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone(), store.clone()));
@@ -336,11 +342,13 @@ fn spawn_rpc(
 pub(crate) fn spawn_liveness_tick(
     config: &MasterConfig,
     cluster: Arc<Cluster>,
+    pending: Arc<WriteBack>,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
     let every = Duration::from_millis((config.worker_timeout_ms / 4).clamp(10, 1000));
     spawn_loop(every, cancel, move || {
         cluster.tick();
+        pending.tick();
         std::future::ready(())
     })
 }

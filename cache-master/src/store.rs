@@ -18,6 +18,7 @@ use crate::jobs::JobRecord;
 use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
 use crate::schedule::ScheduleRecord;
+use crate::writeback::PendingRecord;
 
 pub mod etcd;
 
@@ -25,6 +26,7 @@ const MOUNTS: TableDefinition<&str, &str> = TableDefinition::new("mounts");
 const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
 const SCHEDULES: TableDefinition<&str, &str> = TableDefinition::new("schedules");
 const TOKENS: TableDefinition<&str, &str> = TableDefinition::new("tokens");
+const PENDING: TableDefinition<&str, &str> = TableDefinition::new("writeback");
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -82,6 +84,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
     fn put_token(&self, record: &TokenRecord) -> Result<(), StoreError>;
     fn delete_token(&self, id: &str) -> Result<(), StoreError>;
+    /// Write-back files acknowledged and not yet in the UFS, by path.
+    fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError>;
+    fn put_pending(&self, record: &PendingRecord) -> Result<(), StoreError>;
+    fn delete_pending(&self, path: &str) -> Result<(), StoreError>;
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -101,6 +107,7 @@ impl RedbStore {
         txn.open_table(JOBS).map_err(db_err)?;
         txn.open_table(SCHEDULES).map_err(db_err)?;
         txn.open_table(TOKENS).map_err(db_err)?;
+        txn.open_table(PENDING).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db: Mutex::new(Some(db)) })
     }
@@ -219,6 +226,18 @@ impl MetaStore for RedbStore {
         self.delete(TOKENS, id)
     }
 
+    fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
+        self.load_all(PENDING)
+    }
+
+    fn put_pending(&self, record: &PendingRecord) -> Result<(), StoreError> {
+        self.put(PENDING, &record.path, record)
+    }
+
+    fn delete_pending(&self, path: &str) -> Result<(), StoreError> {
+        self.delete(PENDING, path)
+    }
+
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -230,6 +249,7 @@ impl MetaStore for RedbStore {
 #[derive(Default)]
 pub(crate) struct MemStore {
     pub workers: Mutex<std::collections::BTreeMap<String, WorkerEntry>>,
+    pub pending: Mutex<std::collections::BTreeMap<String, PendingRecord>>,
     pub deposed: std::sync::atomic::AtomicBool,
 }
 
@@ -294,6 +314,19 @@ impl MetaStore for MemStore {
     }
     fn delete_token(&self, _: &str) -> Result<(), StoreError> {
         self.write()
+    }
+    fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
+        Ok(self.pending.lock().unwrap().values().cloned().collect())
+    }
+    fn put_pending(&self, record: &PendingRecord) -> Result<(), StoreError> {
+        self.write()?;
+        self.pending.lock().unwrap().insert(record.path.clone(), record.clone());
+        Ok(())
+    }
+    fn delete_pending(&self, path: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.pending.lock().unwrap().remove(path);
+        Ok(())
     }
     fn close(&self) {}
 }

@@ -23,7 +23,7 @@ use crate::cache::{BlockCache, Durability};
 use crate::error::ServeError;
 use crate::fetch::{Fetcher, Located};
 use crate::metrics_defs as m;
-use crate::mounts::Mounts;
+use crate::mounts::{Mounts, Resolved};
 use crate::qos::Qos;
 use crate::stats::{CounterSnapshot, Counters};
 
@@ -99,6 +99,8 @@ pub struct LoadOutcome {
 }
 
 pub struct BlockService {
+    /// Write-back journals: the bytes of files not yet in the UFS (a worker's; none in a sidecar).
+    journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
     cache: Arc<BlockCache>,
     fetcher: Fetcher,
     mounts: Arc<Mounts>,
@@ -116,6 +118,7 @@ impl BlockService {
         clock: SharedClock,
     ) -> Self {
         Self {
+            journal: std::sync::OnceLock::new(),
             fetcher: Fetcher::new(cache.clone(), counters.clone(), ufs_deadline),
             cache,
             mounts,
@@ -135,6 +138,32 @@ impl BlockService {
     /// Foreground activity, which the loader and the write-back writer yield to.
     pub fn qos(&self) -> &Qos {
         &self.qos
+    }
+
+    /// Serves write-back versions from `journal`. Set once.
+    pub fn set_journal(&self, journal: Arc<crate::journal::Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// A range of a write-back file not yet uploaded, from this worker's journal of it.
+    async fn read_journal(&self, r: &BlockRead, at: &Located, write_id: &str) -> Result<Bytes, ServeError> {
+        let gone = || {
+            ServeError::Ufs(UfsError::VersionChanged(format!(
+                "{}: this worker holds no journal of version {} (uploaded since?)",
+                at.path, r.version
+            )))
+        };
+        let journal = self.journal.get().ok_or_else(gone)?;
+        let record = journal.get(write_id).ok_or_else(gone)?;
+        if record.path != at.path || record.size != r.file_size {
+            return Err(gone());
+        }
+        let offset = r.index * r.block_size + r.offset;
+        let bytes = journal.read_at(write_id, offset, r.len).await.map_err(|e| {
+            ServeError::Ufs(UfsError::Other(format!("write-back journal of {}: {e}", at.path)))
+        })?;
+        self.served(bytes.len() as u64);
+        Ok(bytes)
     }
 
     /// Makes misses ask `upstream` before the UFS (sidecar mode). Set once.
@@ -194,6 +223,9 @@ impl BlockService {
     pub async fn read(&self, r: &BlockRead) -> Result<(Bytes, Source), ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
+        if let Some(id) = block::write_back_id(&r.version) {
+            return Ok((self.read_journal(r, &at, id).await?, Source::Nvme));
+        }
         self.read_bytes(r, &at).await
     }
 
@@ -203,6 +235,10 @@ impl BlockService {
     pub async fn read_payload(&self, r: &BlockRead) -> Result<Served, ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
+        if let Some(id) = block::write_back_id(&r.version) {
+            let bytes = self.read_journal(r, &at, id).await?;
+            return Ok(Served { payload: Payload::Bytes(bytes), source: Source::Nvme, key: at.key });
+        }
         if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
             self.served(r.len);
             self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
@@ -226,6 +262,12 @@ impl BlockService {
     /// client reads, so a block a client is fetching at the same moment is fetched once.
     pub async fn load(&self, r: &BlockRead) -> Result<LoadOutcome, ServeError> {
         let at = self.locate(r).await?;
+        if block::write_back_id(&r.version).is_some() {
+            return Err(ServeError::InvalidArgument(format!(
+                "{} is a write-back file not uploaded yet: its holders' journals serve it",
+                at.path
+            )));
+        }
         if self.cache.contains(&at.key) {
             return Ok(LoadOutcome { already_cached: true, bytes: at.block_len });
         }
@@ -233,8 +275,8 @@ impl BlockService {
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: at.block_len })
     }
 
-    /// A UFS writer for a Strata path, if its mount may be written.
-    pub async fn open_writer(&self, raw: &str) -> Result<Box<dyn UfsWriter>, ServeError> {
+    /// A Strata path resolved to its mount, if the mount may be written.
+    pub async fn writable(&self, raw: &str) -> Result<Resolved, ServeError> {
         let resolved = self.mounts.resolve(raw).await?;
         if resolved.rel.is_empty() {
             return Err(ServeError::Ufs(UfsError::IsDirectory(format!(
@@ -242,9 +284,19 @@ impl BlockService {
                 resolved.path
             ))));
         }
-        if !resolved.mount.mode.is_writable() {
+        if !resolved.mount.mode.is_writable() || resolved.mount.ufs.as_write().is_none() {
             return Err(ServeError::ReadOnly(resolved.path));
         }
+        Ok(resolved)
+    }
+
+    /// A UFS writer for a Strata path, if its mount may be written.
+    pub async fn open_writer(&self, raw: &str) -> Result<Box<dyn UfsWriter>, ServeError> {
+        Self::writer_of(&self.writable(raw).await?).await
+    }
+
+    /// A UFS writer for a path [`writable`](Self::writable) resolved.
+    pub async fn writer_of(resolved: &Resolved) -> Result<Box<dyn UfsWriter>, ServeError> {
         let ufs = resolved.mount.ufs.as_write().ok_or_else(|| ServeError::ReadOnly(resolved.path.clone()))?;
         Ok(ufs.writer(&resolved.rel).await?)
     }

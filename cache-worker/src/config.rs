@@ -31,6 +31,9 @@ pub struct WorkerConfig {
     pub nvme_dir: Option<PathBuf>,
     /// NVMe tier capacity in bytes; 0 disables the tier. Default 10737418240 (10 GiB).
     pub nvme_capacity: u64,
+    /// Directory of the write-back journals (files written to `mode=write-back` mounts, held
+    /// until uploaded; fsynced before a write is acknowledged). Default `<nvme_dir>/journal`.
+    pub journal_dir: Option<PathBuf>,
     /// Deadline of one UFS range read, in milliseconds. Default 30000.
     pub ufs_timeout_ms: u64,
     /// Bytes of blocks waiting to be written to NVMe; a miss waits when the budget is spent
@@ -157,6 +160,7 @@ impl Default for WorkerConfig {
             memory_capacity: 512 << 20,
             nvme_dir: None,
             nvme_capacity: 10 << 30,
+            journal_dir: None,
             ufs_timeout_ms: 30_000,
             nvme_write_budget: 256 << 20,
             sidecar: false,
@@ -192,6 +196,10 @@ impl WorkerConfig {
 
     pub fn nvme_dir(&self) -> PathBuf {
         self.nvme_dir.clone().unwrap_or_else(|| self.data_dir.join("nvme"))
+    }
+
+    pub fn journal_dir(&self) -> PathBuf {
+        self.journal_dir.clone().unwrap_or_else(|| self.nvme_dir().join("journal"))
     }
 }
 

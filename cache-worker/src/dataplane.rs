@@ -67,6 +67,8 @@ pub struct DataPlane {
     pub auth: Arc<PeerAuth>,
     /// The open connections and their limits.
     pub connections: Arc<Connections>,
+    /// Write-back journals and uploads (a worker's; a sidecar takes no write-back writes).
+    pub writeback: Option<Arc<crate::writeback::WriteBack>>,
 }
 
 /// The wire request as a storage request.
@@ -449,7 +451,7 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             }
             Ok((frame::Op::WriteBegin, len)) => {
                 let allow = |path: &str| plane.auth.check(&mut session, Access::Write, Some(path));
-                write::serve_write(&mut stream, &plane.blocks, len, allow).await?
+                write::serve_write(&mut stream, &plane.blocks, plane.writeback.as_ref(), len, allow).await?
             }
             Ok((frame::Op::OpenBlock, len)) => {
                 if let Some(open) = read_body(&mut stream, len, OpenBlock::decode_body).await? {

@@ -23,6 +23,7 @@ pub mod dataplane;
 pub mod error;
 pub mod fetch;
 pub mod grants;
+pub mod journal;
 pub mod loader;
 mod master_link;
 pub mod metrics_defs;
@@ -32,6 +33,7 @@ pub mod sidecar;
 pub mod stats;
 pub mod tier;
 pub mod view;
+pub mod writeback;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -75,6 +77,8 @@ pub enum WorkerError {
     Rdma(#[from] grants::RdmaError),
     #[error("worker token: {0}")]
     Token(#[from] strata_security::token::TokenFileError),
+    #[error("write-back journal at {dir}: {source}")]
+    Journal { dir: String, source: std::io::Error },
 }
 
 /// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].
@@ -219,6 +223,27 @@ impl Worker {
             None => data_addr.ip().to_string(),
         };
         let cancel = CancellationToken::new();
+        let journal_dir = config.journal_dir();
+        let journal = tokio::task::spawn_blocking(move || journal::Journal::open(journal_dir))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|opened| opened)
+            .map_err(|source| WorkerError::Journal {
+                dir: config.journal_dir().display().to_string(),
+                source,
+            })?
+            .0;
+        let writeback = Arc::new(writeback::WriteBack::new(
+            Arc::new(journal),
+            blocks.mounts().clone(),
+            worker_id.clone(),
+            cancel.clone(),
+        ));
+        writeback.set_master(Arc::new(master_link::MasterWriteBack {
+            client: master.clone(),
+            worker_id: worker_id.clone(),
+        }));
+        blocks.set_journal(writeback.journal().clone());
         let view = Arc::new(view::LastView::default());
         let auth = master_link::learn_tokens(&master, &worker_id).await;
         let connections = Arc::new(dataplane::Connections::from_config(&config));
@@ -228,6 +253,7 @@ impl Worker {
             view: view.clone(),
             auth: auth.clone(),
             connections: connections.clone(),
+            writeback: Some(writeback.clone()),
         };
         let dp = match server_tls {
             Some(tls) => tokio::spawn(dataplane::serve_tls(listener, tls, plane, cancel.clone())),
@@ -246,6 +272,7 @@ impl Worker {
             blocks.clone(),
             view,
             auth,
+            writeback,
             clock,
             cancel.clone(),
         ));

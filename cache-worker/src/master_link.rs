@@ -13,8 +13,9 @@ use strata_common::SharedClock;
 use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::leader::MasterConn;
 use strata_proto::{
-    BlockReport, Empty, HeartbeatRequest, RegisterWorkerRequest, Tier as ProtoTier, TierUsage,
-    WorkerCounters, WorkerMountsRequest, WorkerTokensRequest,
+    BlockReport, CommitWriteRequest, Empty, HeartbeatRequest, JournalReport, RegisterWorkerRequest,
+    Tier as ProtoTier, TierUsage, UploadResultRequest, WorkerCounters, WorkerMountsRequest,
+    WorkerTokensRequest,
 };
 use strata_security::tls::ClientTls;
 use strata_security::token::{Identity as TokenIdentity, Role, TokenTable};
@@ -28,6 +29,7 @@ use crate::mounts::{MountSnapshot, MountSource, MountSpec};
 use crate::stats::CounterSnapshot;
 use crate::tier::{Tier, TierEvent, TierKind};
 use crate::view::LastView;
+use crate::writeback::{CommitWrite, WriteBack, WriteBackMaster};
 
 /// Most blocks one heartbeat reports: a full report of a worker holding millions of blocks goes
 /// out as a sequence of heartbeats (sent back to back), each a bounded message.
@@ -58,6 +60,47 @@ pub fn connect(
         };
         Ok(endpoint.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(10)))
     })
+}
+
+/// The master as write-back needs it.
+pub struct MasterWriteBack {
+    pub client: MasterConn,
+    pub worker_id: String,
+}
+
+#[async_trait]
+impl WriteBackMaster for MasterWriteBack {
+    async fn commit(&self, c: CommitWrite) -> Result<bool, String> {
+        let req = CommitWriteRequest {
+            worker_id: self.worker_id.clone(),
+            path: c.path,
+            write_id: c.write_id,
+            size: c.size,
+            mtime_ms: c.mtime_ms,
+            holders: c.holders,
+            persisted: c.persisted,
+        };
+        let resp = self.client.clone().commit_write(req).await.map_err(|s| s.message().to_string())?;
+        Ok(resp.into_inner().upload)
+    }
+
+    async fn upload_result(
+        &self,
+        path: &str,
+        write_id: &str,
+        error: &str,
+        gave_up: bool,
+    ) -> Result<Vec<String>, String> {
+        let req = UploadResultRequest {
+            worker_id: self.worker_id.clone(),
+            path: path.to_string(),
+            write_id: write_id.to_string(),
+            error: error.to_string(),
+            gave_up,
+        };
+        let resp = self.client.clone().upload_result(req).await.map_err(|s| s.message().to_string())?;
+        Ok(resp.into_inner().upload)
+    }
 }
 
 /// The master as the source of a worker's (or sidecar's) mount table.
@@ -204,6 +247,7 @@ pub async fn run(
     blocks: Arc<BlockService>,
     view: Arc<LastView>,
     auth: Arc<PeerAuth>,
+    writeback: Arc<WriteBack>,
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
@@ -283,6 +327,16 @@ pub async fn run(
             added,
             removed,
             full_report: starts_full_report,
+            journals: writeback
+                .reports()
+                .into_iter()
+                .map(|j| JournalReport {
+                    write_id: j.write_id,
+                    path: j.path,
+                    uploading: j.uploading,
+                    age_ms: j.age_ms,
+                })
+                .collect(),
         };
         match client.heartbeat(req).await {
             Ok(resp) => {
@@ -298,6 +352,12 @@ pub async fn run(
                 }
                 if auth.epoch() != Some(resp.tokens_epoch) {
                     refresh_tokens(&client, &id.worker_id, &auth).await;
+                }
+                for id in resp.drop {
+                    writeback.drop_journal(&id);
+                }
+                for id in resp.upload {
+                    writeback.upload(id);
                 }
                 view.touch(clock.wall_ms());
                 if view_is_behind(&view, resp.membership_epoch, resp.mounts_epoch) {

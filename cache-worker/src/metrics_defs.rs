@@ -60,3 +60,14 @@ pub const CONNECTIONS_REFUSED: &str = "strata_worker_connections_refused_total";
 /// Counter, label `phase` (`frame`/`idle`/`write`): data-plane connections closed because the
 /// peer stalled mid-frame, stayed idle too long, or did not take a response.
 pub const CONNECTION_TIMEOUTS: &str = "strata_worker_connection_timeouts_total";
+/// Gauge: bytes of write-back journals this worker holds (acknowledged, not yet dropped).
+pub const WRITEBACK_JOURNAL_BYTES: &str = "strata_worker_writeback_journal_bytes";
+/// Gauge: write-back journals this worker holds.
+pub const WRITEBACK_JOURNALS: &str = "strata_worker_writeback_journals";
+/// Counter: bytes this worker uploaded from write-back journals to the UFS (the upload rate).
+pub const WRITEBACK_UPLOADED_BYTES: &str = "strata_worker_writeback_uploaded_bytes_total";
+/// Counter, label `result` (`persisted`, `retried`, `failed`): upload attempts that ended.
+pub const WRITEBACK_UPLOADS: &str = "strata_worker_writeback_uploads_total";
+/// Counter, label `fallback` (`refused`, `write-through`): write-back writes whose journal
+/// disk was full.
+pub const WRITEBACK_DISK_FULL: &str = "strata_worker_writeback_disk_full_total";

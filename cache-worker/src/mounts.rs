@@ -39,9 +39,13 @@ pub trait MountSource: Send + Sync + 'static {
 
 /// A mount as a worker needs it: where its blocks come from and how big they are.
 pub struct WorkerMount {
+    /// The mount point (Strata path).
+    pub path: String,
     pub uri: String,
     pub block_size: u64,
     pub mode: MountMode,
+    /// Every option Strata interprets (write-back's replicas, upload caps...).
+    pub options: MountOptions,
     pub ufs: Arc<dyn Ufs>,
 }
 
@@ -80,8 +84,14 @@ impl Mounts {
             });
             match opened {
                 Ok((options, ufs)) => {
-                    let mount =
-                        WorkerMount { uri: m.uri.clone(), block_size: m.block_size, mode: options.mode, ufs };
+                    let mount = WorkerMount {
+                        path: m.path.clone(),
+                        uri: m.uri.clone(),
+                        block_size: m.block_size,
+                        mode: options.mode,
+                        options,
+                        ufs,
+                    };
                     table.insert(m.path.clone(), Arc::new(mount));
                 }
                 Err(e) => warn!(mount = %m.path, err = %e, "cannot open mount's UFS on this worker"),

@@ -115,6 +115,24 @@ impl ClientError {
         }
     }
 
+    /// The same error, its message followed by `context`.
+    pub(crate) fn with_context(self, context: &str) -> Self {
+        let add = |m: String| format!("{m} ({context})");
+        match self {
+            ClientError::InvalidArgument(m) => ClientError::InvalidArgument(add(m)),
+            ClientError::NotFound(m) => ClientError::NotFound(add(m)),
+            ClientError::IsDirectory(m) => ClientError::IsDirectory(add(m)),
+            ClientError::AlreadyExists(m) => ClientError::AlreadyExists(add(m)),
+            ClientError::PermissionDenied(m) => ClientError::PermissionDenied(add(m)),
+            ClientError::MasterUnavailable(m) => ClientError::MasterUnavailable(add(m)),
+            ClientError::Unavailable(u) => {
+                ClientError::Unavailable(Unserved { kind: u.kind, message: add(u.message) })
+            }
+            ClientError::Changed(m) => ClientError::Changed(add(m)),
+            ClientError::Remote { kind, message } => ClientError::Remote { kind, message: add(message) },
+        }
+    }
+
     /// No worker could be reached or kept the connection (`Unavailable`).
     pub(crate) fn unavailable(message: impl Into<String>) -> Self {
         ClientError::Unavailable(Unserved { kind: ErrorKind::Unavailable, message: message.into() })

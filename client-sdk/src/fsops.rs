@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use strata_common::frame::{
-    MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBegin, request_header,
+    self, MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBackCopy,
+    WriteBegin, request_header,
 };
-use strata_common::{BlockKey, block_slices, path};
-use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest};
+use strata_common::{BlockKey, MountMode, MountOptions, block_slices, path};
+use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest, PendingFile, SyncRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::warn;
 
@@ -56,8 +57,11 @@ impl Client {
             .await
     }
 
-    /// Starts replacing the file at `path` (on a `mode=write-through` mount) with the bytes
-    /// written to the returned writer; the file changes when [`StrataWriter::close`] succeeds.
+    /// Starts replacing the file at `path` (on a `mode=write-through` or `mode=write-back`
+    /// mount) with the bytes written to the returned writer; the file changes when
+    /// [`StrataWriter::close`] succeeds. On a write-back mount the bytes stream to the
+    /// mount's `write_replicas` workers at once (the path's owners on the ring), and `close`
+    /// returns once each holds them durably: the upload to the UFS follows in the background.
     pub async fn create(&self, raw: &str) -> Result<StrataWriter> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         // Any worker can write any file; placing by path spreads concurrent writers.
@@ -66,19 +70,31 @@ impl Client {
         if ring.is_empty() {
             ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
         }
+        let write_back = self.mount_options_of(&p).filter(|o| o.mode == MountMode::WriteBack);
+        let copies = write_back.as_ref().map_or(1, |o| o.write_replicas as usize);
+        let owners = ring.owners(hash, ring.members().len());
+        if write_back.is_some() && owners.len() < copies {
+            return Err(ClientError::unavailable(format!(
+                "{p} is on a write-back mount that keeps {copies} copies (write_replicas), but only {} \
+                 workers are live",
+                owners.len()
+            )));
+        }
+        let write_id = write_back.is_some().then(|| uuid::Uuid::new_v4().simple().to_string());
         let mut last_err = None;
-        for owner in ring.owners(hash, ring.members().len()) {
-            match self.begin_write(&owner.data_addr, &p).await {
-                Ok(stream) => {
-                    return Ok(StrataWriter {
-                        client: self.clone(),
-                        path: p,
-                        addr: owner.data_addr.clone(),
-                        stream: Some(WriteConn::Live(stream)),
-                        gathered: Vec::new(),
-                        written: 0,
-                    });
-                }
+        let mut opened: Vec<WriteCopy> = Vec::new();
+        for owner in owners {
+            if opened.len() == copies {
+                break;
+            }
+            let write_back =
+                write_id.as_ref().map(|id| WriteBackCopy { write_id: id.clone(), rank: opened.len() as u8 });
+            match self.begin_write(&owner.data_addr, &p, write_back).await {
+                Ok(stream) => opened.push(WriteCopy {
+                    worker_id: owner.id.clone(),
+                    addr: owner.data_addr.clone(),
+                    stream: Some(WriteConn::Live(stream)),
+                }),
                 Err(e) if e.try_next_worker() => {
                     warn!(worker = %owner.id, path = %p, err = %e, "cannot start a write; trying the next worker");
                     last_err = Some(e);
@@ -86,12 +102,38 @@ impl Client {
                 Err(e) => return Err(ClientError::from_transport(e)),
             }
         }
-        Err(ClientError::unserved(last_err, "no live workers"))
+        if opened.len() < copies.max(1) {
+            return Err(ClientError::unserved(last_err, "not enough live workers to take the write"));
+        }
+        Ok(StrataWriter {
+            client: self.clone(),
+            path: p,
+            copies: opened,
+            dropped: Vec::new(),
+            gathered: Vec::new(),
+            written: 0,
+        })
     }
 
-    async fn begin_write(&self, addr: &str, p: &str) -> std::result::Result<DataStream, TransportError> {
+    /// The options of the mount holding `p`, from the mount table this client knows.
+    fn mount_options_of(&self, p: &str) -> Option<MountOptions> {
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        let mount = view
+            .mounts
+            .iter()
+            .filter(|m| path::strip_mount(&m.path, p).is_some())
+            .max_by_key(|m| m.path.len())?;
+        MountOptions::parse(&mount.options).ok()
+    }
+
+    async fn begin_write(
+        &self,
+        addr: &str,
+        p: &str,
+        write_back: Option<WriteBackCopy>,
+    ) -> std::result::Result<DataStream, TransportError> {
         let mut stream = crate::transport::connect_tcp(addr, self.dial()).await?;
-        let begin = WriteBegin { req_id: 1, path: p.to_string() }.encode();
+        let begin = WriteBegin { req_id: 1, path: p.to_string(), write_back }.encode();
         let exchange = async {
             stream.write_all(&begin).await.map_err(|source| io_err(addr, source))?;
             stream.flush().await.map_err(|source| io_err(addr, source))?;
@@ -119,6 +161,56 @@ impl Client {
         self.forget_local(&p, false);
         result.map_err(self.rpc_err("mkdir"))?;
         Ok(())
+    }
+
+    /// The write-back files at or under `path` not yet in the UFS (empty: all are). With
+    /// `retry_failed`, uploads that gave up are queued again first.
+    pub async fn sync(&self, raw: &str, retry_failed: bool) -> Result<Vec<PendingFile>> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let resp = self
+            .master()
+            .sync(SyncRequest { path: p, retry_failed })
+            .await
+            .map_err(self.rpc_err("sync"))?
+            .into_inner();
+        Ok(resp.pending)
+    }
+
+    /// Waits until every write-back file at or under `path` is in the UFS (queuing failed
+    /// uploads again once). An upload that fails again is an error naming the file and why;
+    /// so is `timeout` passing first.
+    pub async fn sync_wait(&self, raw: &str, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pending = self.sync(raw, true).await?;
+        let mut delay = Duration::from_millis(20);
+        loop {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if let Some(f) = pending.iter().find(|f| f.state == strata_proto::PersistState::Failed as i32) {
+                return Err(ClientError::Remote {
+                    kind: strata_common::ErrorKind::Ufs,
+                    message: format!("{}: upload failed: {}", f.path, f.error),
+                });
+            }
+            if tokio::time::Instant::now() + delay > deadline {
+                let first = &pending[0];
+                return Err(ClientError::unavailable(format!(
+                    "{} file(s) still not in the UFS after {timeout:?} (e.g. {}: {}{})",
+                    pending.len(),
+                    first.path,
+                    crate::Persist::from_proto(first.state).as_str(),
+                    if first.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", last error: {}", first.error)
+                    }
+                )));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+            pending = self.sync(raw, false).await?;
+        }
     }
 
     /// Forgets cached metadata of `path` here and on the master.
@@ -168,15 +260,25 @@ async fn read_answer(stream: &mut DataStream, addr: &str) -> std::result::Result
     }
 }
 
-/// A file being written through a worker. Nothing is visible until [`close`](Self::close)
-/// succeeds; dropping the writer (or [`abort`](Self::abort)) leaves the old file in place.
+/// A file being written through a worker (through several at once on a write-back mount).
+/// Nothing is visible until [`close`](Self::close) succeeds; dropping the writer (or
+/// [`abort`](Self::abort)) leaves the old file in place.
 pub struct StrataWriter {
     client: Client,
     path: String,
-    addr: String,
-    stream: Option<WriteConn>,
+    /// One stream per copy, the primary first.
+    copies: Vec<WriteCopy>,
+    /// Replicas whose stream failed, and why (said if the primary then refuses).
+    dropped: Vec<String>,
     gathered: Vec<u8>,
     written: u64,
+}
+
+/// One worker taking a copy of the write.
+struct WriteCopy {
+    worker_id: String,
+    addr: String,
+    stream: Option<WriteConn>,
 }
 
 /// The writer's connection: registered with the runtime, or parked (detached from it) between
@@ -184,6 +286,88 @@ pub struct StrataWriter {
 enum WriteConn {
     Live(DataStream),
     Parked(ParkedStream),
+}
+
+impl WriteCopy {
+    /// The connection, attached to the runtime this runs in.
+    fn live(&mut self) -> Result<&mut DataStream> {
+        let conn =
+            self.stream.take().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
+        let stream = match conn {
+            WriteConn::Live(stream) => stream,
+            WriteConn::Parked(parked) => parked.attach().map_err(|e| {
+                ClientError::unavailable(format!("write to {}: cannot attach the connection: {e}", self.addr))
+            })?,
+        };
+        match self.stream.insert(WriteConn::Live(stream)) {
+            WriteConn::Live(stream) => Ok(stream),
+            WriteConn::Parked(_) => unreachable!("just inserted"),
+        }
+    }
+
+    fn park(&mut self) -> Result<()> {
+        if !matches!(self.stream, Some(WriteConn::Live(_))) {
+            return Ok(());
+        }
+        let Some(WriteConn::Live(stream)) = self.stream.take() else { unreachable!("checked above") };
+        let parked = stream.park().map_err(|e| {
+            ClientError::unavailable(format!("write to {}: cannot detach the connection: {e}", self.addr))
+        })?;
+        self.stream = Some(WriteConn::Parked(parked));
+        Ok(())
+    }
+
+    /// Sends `data` as data frames.
+    async fn send(&mut self, mut data: &[u8], timeout: Duration) -> std::result::Result<(), String> {
+        let addr = self.addr.clone();
+        let stream = self.live().map_err(|e| e.to_string())?;
+        while !data.is_empty() {
+            let n = data.len().min(MAX_WRITE_CHUNK);
+            let frame = async {
+                stream.write_all(&request_header(Op::WriteData, n)).await?;
+                stream.write_all(&data[..n]).await?;
+                // Nothing held back in TLS: the connection may be parked after this call.
+                stream.flush().await
+            };
+            match tokio::time::timeout(timeout, frame).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.stream = None;
+                    return Err(format!("write to {addr} failed: {e}"));
+                }
+                Err(_) => {
+                    self.stream = None;
+                    return Err(format!("write to {addr} timed out"));
+                }
+            }
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Ends the stream (naming `holders` to a write-back primary) and reads the answer.
+    async fn end(
+        &mut self,
+        holders: &[String],
+        timeout: Duration,
+    ) -> std::result::Result<(), TransportError> {
+        let addr = self.addr.clone();
+        let mut stream = match self.live() {
+            Ok(_) => match self.stream.take() {
+                Some(WriteConn::Live(s)) => s,
+                _ => unreachable!("live attached it"),
+            },
+            Err(e) => return Err(TransportError::Protocol { addr, reason: e.to_string() }),
+        };
+        let end = async {
+            stream.write_all(&frame::write_end(holders)).await.map_err(|e| io_err(&addr, e))?;
+            stream.flush().await.map_err(|e| io_err(&addr, e))?;
+            read_answer(&mut stream, &addr).await
+        };
+        tokio::time::timeout(timeout, end)
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.clone() }))
+    }
 }
 
 impl StrataWriter {
@@ -200,18 +384,13 @@ impl StrataWriter {
         self.client.config().request_timeout
     }
 
-    /// Detaches the connection from the current runtime, so that the runtime can be shut down
-    /// while the write stays open; the next write or `close` attaches it to the runtime it
-    /// runs in. Must be called inside the runtime that owns the connection.
+    /// Detaches the connections from the current runtime, so that the runtime can be shut down
+    /// while the write stays open; the next write or `close` attaches them to the runtime it
+    /// runs in. Must be called inside the runtime that owns the connections.
     pub fn park(&mut self) -> Result<()> {
-        if !matches!(self.stream, Some(WriteConn::Live(_))) {
-            return Ok(());
+        for copy in &mut self.copies {
+            copy.park()?;
         }
-        let Some(WriteConn::Live(stream)) = self.stream.take() else { unreachable!("checked above") };
-        let parked = stream.park().map_err(|e| {
-            ClientError::unavailable(format!("write to {}: cannot detach the connection: {e}", self.addr))
-        })?;
-        self.stream = Some(WriteConn::Parked(parked));
         Ok(())
     }
 
@@ -219,22 +398,6 @@ impl StrataWriter {
     /// `close`; returns the one it used before. Call only while the connection is parked.
     pub fn rebind(&mut self, client: Client) -> Client {
         std::mem::replace(&mut self.client, client)
-    }
-
-    /// The connection, attached to the runtime this runs in.
-    fn live_stream(&mut self) -> Result<&mut DataStream> {
-        let conn =
-            self.stream.take().ok_or_else(|| ClientError::InvalidArgument("writer is closed".into()))?;
-        let stream = match conn {
-            WriteConn::Live(stream) => stream,
-            WriteConn::Parked(parked) => parked.attach().map_err(|e| {
-                ClientError::unavailable(format!("write to {}: cannot attach the connection: {e}", self.addr))
-            })?,
-        };
-        match self.stream.insert(WriteConn::Live(stream)) {
-            WriteConn::Live(stream) => Ok(stream),
-            WriteConn::Parked(_) => unreachable!("just inserted"),
-        }
     }
 
     /// Appends bytes. Small writes are gathered; large ones are sent without a copy.
@@ -259,31 +422,31 @@ impl StrataWriter {
         self.send(data).await
     }
 
-    async fn send(&mut self, mut data: &[u8]) -> Result<()> {
-        let addr = self.addr.clone();
+    /// Sends to every copy at once. The primary failing fails the write; a replica failing is
+    /// dropped (the primary then decides whether enough copies are left).
+    async fn send(&mut self, data: &[u8]) -> Result<()> {
         let timeout = self.timeout();
-        let stream = self.live_stream()?;
-        while !data.is_empty() {
-            let n = data.len().min(MAX_WRITE_CHUNK);
-            let frame = async {
-                stream.write_all(&request_header(Op::WriteData, n)).await?;
-                stream.write_all(&data[..n]).await?;
-                // Nothing held back in TLS: the connection may be parked after this call.
-                stream.flush().await
-            };
-            match tokio::time::timeout(timeout, frame).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    self.stream = None;
-                    return Err(ClientError::unavailable(format!("write to {addr} failed: {e}")));
-                }
-                Err(_) => {
-                    self.stream = None;
-                    return Err(ClientError::unavailable(format!("write to {addr} timed out")));
+        if self.copies.is_empty() {
+            return Err(ClientError::InvalidArgument("writer is closed".into()));
+        }
+        let results = futures::future::join_all(self.copies.iter_mut().map(|c| c.send(data, timeout))).await;
+        let mut kept = Vec::with_capacity(self.copies.len());
+        let mut primary_err = None;
+        for (i, (copy, result)) in std::mem::take(&mut self.copies).into_iter().zip(results).enumerate() {
+            match result {
+                Ok(()) => kept.push(copy),
+                Err(e) if i == 0 => primary_err = Some(e),
+                Err(e) => {
+                    warn!(path = %self.path, worker = %copy.worker_id, err = %e, "a write-back replica failed; going on without it");
+                    self.dropped.push(format!("{}: {e}", copy.worker_id));
                 }
             }
-            data = &data[n..];
         }
+        if let Some(e) = primary_err {
+            // Dropping the others aborts them.
+            return Err(ClientError::unavailable(e));
+        }
+        self.copies = kept;
         Ok(())
     }
 
@@ -293,22 +456,34 @@ impl StrataWriter {
             let gathered = std::mem::take(&mut self.gathered);
             self.send(&gathered).await?;
         }
-        self.live_stream()?;
-        let Some(WriteConn::Live(mut stream)) = self.stream.take() else {
-            unreachable!("live_stream attached it");
-        };
-        let addr = self.addr.clone();
-        let end = async {
-            stream.write_all(&request_header(Op::WriteEnd, 0)).await.map_err(|e| io_err(&addr, e))?;
-            stream.flush().await.map_err(|e| io_err(&addr, e))?;
-            read_answer(&mut stream, &addr).await
-        };
-        let answer = tokio::time::timeout(self.timeout(), end)
-            .await
-            .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.clone() }));
+        if self.copies.is_empty() {
+            return Err(ClientError::InvalidArgument("writer is closed".into()));
+        }
+        let timeout = self.timeout();
+        let mut copies = std::mem::take(&mut self.copies);
+        let mut primary = copies.remove(0);
+        // Replicas first: each answers once its journal is durable.
+        let ends = futures::future::join_all(copies.iter_mut().map(|c| c.end(&[], timeout))).await;
+        let mut holders = Vec::new();
+        for (copy, result) in copies.iter().zip(ends) {
+            match result {
+                Ok(()) => holders.push(copy.worker_id.clone()),
+                Err(e) => {
+                    warn!(path = %self.path, worker = %copy.worker_id, err = %e, "a write-back replica did not take the file");
+                    self.dropped.push(format!("{}: {e}", copy.worker_id));
+                }
+            }
+        }
+        let answer = primary.end(&holders, timeout).await;
         // Whatever the outcome, what we knew of this file may be stale now.
         let forgot = self.client.invalidate(&self.path).await;
-        answer.map_err(ClientError::from_transport)?;
+        if let Err(e) = answer {
+            let mut e = ClientError::from_transport(e);
+            if !self.dropped.is_empty() {
+                e = e.with_context(&format!("replicas that failed: {}", self.dropped.join("; ")));
+            }
+            return Err(e);
+        }
         if let Err(e) = forgot {
             warn!(path = %self.path, err = %e, "written, but the master's metadata cache was not invalidated");
         }
@@ -317,7 +492,7 @@ impl StrataWriter {
 
     /// Drops the write; the old file stays.
     pub fn abort(&mut self) {
-        self.stream = None;
+        self.copies.clear();
         self.gathered = Vec::new();
     }
 }

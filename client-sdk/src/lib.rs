@@ -60,6 +60,7 @@ pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
+pub use strata_proto::{PendingFile, PersistState};
 pub use strata_security::tls::TlsConfig;
 #[cfg(any(test, feature = "testing"))]
 pub use transport::FaultyTransport;
@@ -197,6 +198,43 @@ pub struct FileInfo {
     pub block_size: u64,
     /// The UFS identity blocks are keyed by.
     pub file_id: String,
+    /// A file written to a write-back mount and not yet in the UFS: the live workers whose
+    /// journals hold it (reads go to them), and where its upload stands.
+    pub holders: Vec<Member>,
+    pub persist: Persist,
+}
+
+/// Where a file written to a write-back mount stands (see docs/WRITEBACK.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Persist {
+    /// In the UFS (every file not written through a write-back mount).
+    #[default]
+    Persisted,
+    /// Acknowledged, held by workers' journals, waiting for its upload.
+    Pending,
+    Uploading,
+    /// The upload gave up after its retries (`strata sync` queues it again).
+    Failed,
+}
+
+impl Persist {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Persist::Persisted => "persisted",
+            Persist::Pending => "pending",
+            Persist::Uploading => "uploading",
+            Persist::Failed => "failed",
+        }
+    }
+
+    pub(crate) fn from_proto(state: i32) -> Self {
+        match strata_proto::PersistState::try_from(state) {
+            Ok(strata_proto::PersistState::Pending) => Persist::Pending,
+            Ok(strata_proto::PersistState::Uploading) => Persist::Uploading,
+            Ok(strata_proto::PersistState::Failed) => Persist::Failed,
+            _ => Persist::Persisted,
+        }
+    }
 }
 
 impl From<FileStat> for FileInfo {
@@ -209,6 +247,8 @@ impl From<FileStat> for FileInfo {
             mtime_ms: s.mtime_ms,
             block_size: s.block_size,
             file_id: s.file_id,
+            holders: Vec::new(),
+            persist: Persist::Persisted,
         }
     }
 }
@@ -223,6 +263,8 @@ impl From<strata_proto::FileStatus> for FileInfo {
             mtime_ms: s.mtime_ms,
             block_size: s.block_size,
             file_id: s.file_id,
+            holders: s.holders.into_iter().map(|m| Member { id: m.id, data_addr: m.data_addr }).collect(),
+            persist: Persist::from_proto(s.persist),
         }
     }
 }
@@ -862,6 +904,9 @@ impl Client {
             offset: slice.offset,
             len: slice.len,
         };
+        if !info.holders.is_empty() {
+            return self.read_from_holders(info, slice, &req, sink).await;
+        }
         if let Some(short_circuit) = &self.inner.short_circuit
             && !short_circuit.backing_off()
         {
@@ -920,6 +965,31 @@ impl Client {
             }
         }
         Err(ClientError::unserved(last_err, "no worker answered"))
+    }
+
+    /// A block range of a write-back file not yet uploaded, from the workers whose journals
+    /// hold it (spread over them by block, the next on failure).
+    async fn read_from_holders(
+        &self,
+        info: &FileInfo,
+        slice: BlockSlice,
+        req: &ReadBlockRequest,
+        mut sink: Sink<'_>,
+    ) -> Result<Option<Bytes>> {
+        let n = info.holders.len();
+        let mut last_err = None;
+        for i in 0..n {
+            let holder = &info.holders[(slice.index as usize + i) % n];
+            match sink.read(self.inner.transport.as_ref(), &holder.data_addr, req).await {
+                Ok(bytes) => return Ok(bytes),
+                Err(e) if e.try_next_worker() => {
+                    warn!(worker = %holder.id, block = slice.index, path = %info.path, err = %e, "journal holder failed; trying the next");
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(ClientError::from_transport(e)),
+            }
+        }
+        Err(ClientError::unserved(last_err, "no worker holding the file's journal answered"))
     }
 
     /// A streaming reader of one version of the file, with sequential readahead.

@@ -193,6 +193,8 @@ mod tests {
             mtime_ms: 0,
             block_size: 1,
             file_id: name.into(),
+            holders: Vec::new(),
+            persist: Default::default(),
         }
     }
 

@@ -59,6 +59,8 @@ impl Upstream for ClusterUpstream {
             mtime_ms: 0,
             block_size: read.block_size,
             file_id: read.file_id.to_string(),
+            holders: Vec::new(),
+            persist: crate::Persist::Persisted,
         };
         self.client
             .read_range_of(&info, read.index * read.block_size, read.len)

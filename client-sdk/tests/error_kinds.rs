@@ -11,13 +11,14 @@ use strata_common::frame::{
 };
 use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
-    AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, CreateTokenRequest,
-    CreateTokenResponse, DeleteRequest, Empty, FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse,
-    HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
-    ListRequest, ListResponse, LoadTasks, Member, Membership, MkdirRequest, MountInfo, MountList,
-    RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest, ReportLoadTasksRequest,
-    ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest,
-    StatRequest, SubmitLoadRequest, TokenInfo, TokenList, WorkerMountsRequest, WorkerTokenTable,
+    AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, CommitWriteRequest,
+    CommitWriteResponse, CreateTokenRequest, CreateTokenResponse, DeleteRequest, Empty,
+    FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, HeartbeatRequest, HeartbeatResponse,
+    InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks,
+    Member, Membership, MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse,
+    RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId,
+    ScheduleInfo, ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse,
+    TokenInfo, TokenList, UploadResultRequest, UploadResultResponse, WorkerMountsRequest, WorkerTokenTable,
     WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -99,6 +100,9 @@ fake_master! {
     list_tokens(Empty) -> TokenList;
     revoke_token(RevokeTokenRequest) -> TokenInfo;
     worker_tokens(WorkerTokensRequest) -> WorkerTokenTable;
+    commit_write(CommitWriteRequest) -> CommitWriteResponse;
+    upload_result(UploadResultRequest) -> UploadResultResponse;
+    sync(SyncRequest) -> SyncResponse;
 }
 
 /// Answers every block read with an error frame of the kind its path names. A `BadFrame` is

@@ -157,3 +157,12 @@ mod tests {
         }
     }
 }
+
+/// Versions of files written to a write-back mount and not yet uploaded start with this: their
+/// bytes are in the holders' journals, not in the UFS (docs/WRITEBACK.md).
+pub const WRITE_BACK_VERSION_PREFIX: &str = "wb-";
+
+/// The write id of a write-back version, if `version` is one.
+pub fn write_back_id(version: &str) -> Option<&str> {
+    version.strip_prefix(WRITE_BACK_VERSION_PREFIX).filter(|id| !id.is_empty())
+}

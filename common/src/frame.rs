@@ -31,10 +31,16 @@
 //!
 //! A write replaces one whole file, streamed on one connection (see [`WriteBegin`]):
 //! ```text
-//! WriteBegin  body = req_id:u64 path_len:u16 path   → response (no payload): go ahead, or error
+//! WriteBegin  body = req_id:u64 path_len:u16 path [write-back]
+//!                                                     → response (no payload): go ahead, or error
 //! WriteData   body = bytes (≤ MAX_WRITE_CHUNK)        (no response)
-//! WriteEnd    body = empty                           → response (no payload): committed, or error
+//! WriteEnd    body = empty | holders                 → response (no payload): committed, or error
 //! ```
+//! On a `mode=write-back` mount a client streams the same file to `write_replicas` workers at
+//! once; `WriteBegin` then carries `id_len:u8 write_id rank:u8` (rank 0 is the primary). A
+//! replica answers its `WriteEnd` once its journal is durable; the client then ends the
+//! primary's stream with the replicas that did (`count:u8 (len:u8 worker_id)*`), and the
+//! primary answers once its own journal is durable and the master has the file.
 //! A failure in the middle is answered at `WriteEnd` (the data frames already sent are read and
 //! dropped, so the connection stays in sync); closing the connection before `WriteEnd` aborts
 //! the write and leaves the old object in place.
@@ -206,7 +212,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
     let limit = match op {
         Op::WriteData => MAX_WRITE_CHUNK,
-        Op::WriteEnd => 0,
+        Op::WriteEnd => 1 + MAX_WRITE_HOLDERS * 256,
         Op::Release => LeaseRelease::BODY_LEN,
         Op::RemoteRead => RemoteRead::BODY_LEN,
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
@@ -452,17 +458,97 @@ pub struct WriteBegin {
     pub req_id: u64,
     /// Strata path of the file (normalised, absolute).
     pub path: String,
+    /// On a write-back mount: which write this stream is a copy of, and which copy.
+    pub write_back: Option<WriteBackCopy>,
 }
+
+/// One copy of a write-back write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteBackCopy {
+    /// Chosen by the client, the same on every copy (at most 255 bytes; ASCII).
+    pub write_id: String,
+    /// 0 for the primary (it commits the write with the master), 1.. for the replicas.
+    pub rank: u8,
+}
+
+/// Longest write id.
+pub const MAX_WRITE_ID: usize = 64;
 
 impl WriteBegin {
     pub fn encode(&self) -> Vec<u8> {
-        encode_path_request(Op::WriteBegin, self.req_id, &self.path)
+        let mut out = encode_path_request(Op::WriteBegin, self.req_id, &self.path);
+        if let Some(copy) = &self.write_back {
+            let id = &copy.write_id.as_bytes()[..copy.write_id.len().min(MAX_WRITE_ID)];
+            out.push(id.len() as u8);
+            out.extend_from_slice(id);
+            out.push(copy.rank);
+            let body_len = (out.len() - REQUEST_HEADER_LEN) as u32;
+            out[8..12].copy_from_slice(&body_len.to_le_bytes());
+        }
+        out
     }
 
     pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
-        let (req_id, path) = decode_path_body(body)?;
-        Ok(Self { req_id, path })
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let path = r.string()?;
+        let write_back = if r.pos == body.len() {
+            None
+        } else {
+            let id = r.bytes_u8()?.to_vec();
+            let write_id = String::from_utf8(id).map_err(|_| FrameError::NotUtf8)?;
+            if write_id.is_empty()
+                || write_id.len() > MAX_WRITE_ID
+                || !write_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            {
+                return Err(FrameError::Malformed);
+            }
+            let rank = r.u8()?;
+            Some(WriteBackCopy { write_id, rank })
+        };
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { req_id, path, write_back })
     }
+}
+
+/// Most replicas a primary's `WriteEnd` names.
+pub const MAX_WRITE_HOLDERS: usize = 16;
+
+/// The `WriteEnd` frame: empty, or (to a write-back primary) the worker ids of the replicas
+/// whose journals hold the file.
+pub fn write_end(holders: &[String]) -> Vec<u8> {
+    let mut body = Vec::new();
+    if !holders.is_empty() {
+        body.push(holders.len().min(MAX_WRITE_HOLDERS) as u8);
+        for h in holders.iter().take(MAX_WRITE_HOLDERS) {
+            let id = &h.as_bytes()[..h.len().min(255)];
+            body.push(id.len() as u8);
+            body.extend_from_slice(id);
+        }
+    }
+    let mut out = request_header(Op::WriteEnd, body.len()).to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The replicas a `WriteEnd` body names.
+pub fn decode_write_end(body: &[u8]) -> Result<Vec<String>, FrameError> {
+    if body.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut r = Reader { buf: body, pos: 0 };
+    let n = r.u8()? as usize;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = r.bytes_u8()?;
+        out.push(std::str::from_utf8(id).map_err(|_| FrameError::NotUtf8)?.to_string());
+    }
+    if r.pos != body.len() {
+        return Err(FrameError::Malformed);
+    }
+    Ok(out)
 }
 
 /// A `View` request: the worker's last view of the cluster.
@@ -629,6 +715,14 @@ impl Reader<'_> {
     fn u64(&mut self) -> Result<u64, FrameError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+    fn u8(&mut self) -> Result<u8, FrameError> {
+        Ok(self.take(1)?[0])
+    }
+    /// `len:u8` then that many bytes.
+    fn bytes_u8(&mut self) -> Result<&[u8], FrameError> {
+        let len = self.u8()? as usize;
+        self.take(len)
+    }
     fn string(&mut self) -> Result<String, FrameError> {
         let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")) as usize;
         let bytes = self.take(len)?;
@@ -640,6 +734,30 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn write_back_frames_round_trip() {
+        let plain = WriteBegin { req_id: 3, path: "/w/a".into(), write_back: None };
+        let encoded = plain.encode();
+        assert_eq!(WriteBegin::decode_body(&encoded[REQUEST_HEADER_LEN..]).unwrap(), plain);
+        let copy = WriteBackCopy { write_id: "0af3-9".into(), rank: 1 };
+        let wb = WriteBegin { req_id: 4, path: "/w/b".into(), write_back: Some(copy) };
+        let encoded = wb.encode();
+        let (op, len) = decode_request_header(encoded[..REQUEST_HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!((op, len), (Op::WriteBegin, encoded.len() - REQUEST_HEADER_LEN));
+        assert_eq!(WriteBegin::decode_body(&encoded[REQUEST_HEADER_LEN..]).unwrap(), wb);
+        // A write id that could name a file outside the journal directory is refused.
+        let mut bad = encode_path_request(Op::WriteBegin, 1, "/w/c")[REQUEST_HEADER_LEN..].to_vec();
+        bad.extend_from_slice(&[5, b'.', b'.', b'/', b'x', b'y', 0]);
+        assert!(WriteBegin::decode_body(&bad).is_err());
+        let holders = vec!["worker-a".to_string(), "worker-b".to_string()];
+        let end = write_end(&holders);
+        let (op, len) = decode_request_header(end[..REQUEST_HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!((op, len), (Op::WriteEnd, end.len() - REQUEST_HEADER_LEN));
+        assert_eq!(decode_write_end(&end[REQUEST_HEADER_LEN..]).unwrap(), holders);
+        assert!(decode_write_end(&[]).unwrap().is_empty());
+        assert!(decode_write_end(&[2, 1, b'a']).is_err());
+    }
 
     #[test]
     fn auth_frames_round_trip_and_are_bounded() {
@@ -748,7 +866,7 @@ mod tests {
 
     #[test]
     fn write_frames_round_trip() {
-        let begin = WriteBegin { req_id: 3, path: "/data/ü.bin".into() };
+        let begin = WriteBegin { req_id: 3, path: "/data/ü.bin".into(), write_back: None };
         let enc = begin.encode();
         let header: [u8; REQUEST_HEADER_LEN] = enc[..REQUEST_HEADER_LEN].try_into().unwrap();
         assert_eq!(decode_request_header(&header).unwrap(), (Op::WriteBegin, enc.len() - REQUEST_HEADER_LEN));
@@ -760,9 +878,10 @@ mod tests {
         // A data-sized body is refused on any other op.
         let big_begin = request_header(Op::WriteBegin, MAX_WRITE_CHUNK);
         assert!(matches!(decode_request_header(&big_begin), Err(FrameError::BodyTooLarge(_))));
+        let too_long_end = 2 + MAX_WRITE_HOLDERS * 256;
         assert!(matches!(
-            decode_request_header(&request_header(Op::WriteEnd, 1)),
-            Err(FrameError::BodyTooLarge(1))
+            decode_request_header(&request_header(Op::WriteEnd, too_long_end)),
+            Err(FrameError::BodyTooLarge(_))
         ));
     }
 

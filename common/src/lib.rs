@@ -21,7 +21,7 @@ pub mod upstream;
 pub use block::{BlockKey, BlockSlice, block_slices};
 pub use clock::{Clock, SharedClock};
 pub use error::ErrorKind;
-pub use mount_options::{MountMode, MountOptions};
+pub use mount_options::{MountMode, MountOptions, OnFull};
 pub use ring::{Member, Ring};
 
 /// Default block size of a mount: 4 MiB.

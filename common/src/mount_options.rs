@@ -15,8 +15,25 @@ use crate::{DEFAULT_BLOCK_SIZE, DEFAULT_METADATA_TTL_MS, MAX_BLOCK_SIZE};
 
 /// Mount options that Strata itself interprets (the `ufs_*` ones by the UFS layer); everything
 /// else is handed to the UFS service.
-pub const STRATA_MOUNT_OPTIONS: &[&str] =
-    &["block_size", "metadata_ttl", "mode", "ufs_retries", "ufs_timeout", "ufs_io_timeout"];
+pub const STRATA_MOUNT_OPTIONS: &[&str] = &[
+    "block_size",
+    "metadata_ttl",
+    "mode",
+    "write_replicas",
+    "upload_parallelism",
+    "upload_bandwidth",
+    "on_full",
+    "ufs_retries",
+    "ufs_timeout",
+    "ufs_io_timeout",
+];
+
+/// Default `write_replicas`: a write-back file survives the loss of one worker.
+pub const DEFAULT_WRITE_REPLICAS: u32 = 2;
+/// Largest `write_replicas` (a client streams every byte to each).
+pub const MAX_WRITE_REPLICAS: u32 = 8;
+/// Default `upload_parallelism`: uploads one worker runs at once for a mount.
+pub const DEFAULT_UPLOAD_PARALLELISM: u32 = 4;
 
 /// Smallest block size a mount may choose.
 pub const MIN_BLOCK_SIZE: u64 = 4096;
@@ -29,6 +46,19 @@ pub enum MountMode {
     ReadOnly,
     /// A write streams through a worker to the UFS and is acknowledged once the UFS has it.
     WriteThrough,
+    /// A write is acknowledged once `write_replicas` workers hold it durably (fsync) in their
+    /// journals; a worker uploads it to the UFS in the background (docs/WRITEBACK.md).
+    WriteBack,
+}
+
+/// What a write-back worker does when its journal's disk is full (`on_full`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum OnFull {
+    /// Refuse the write with a clear error; the old file stays (the default).
+    #[default]
+    Refuse,
+    /// Write the file through to the UFS instead, acknowledged once the UFS has it.
+    WriteThrough,
 }
 
 impl MountMode {
@@ -36,6 +66,7 @@ impl MountMode {
         match self {
             MountMode::ReadOnly => "read-only",
             MountMode::WriteThrough => "write-through",
+            MountMode::WriteBack => "write-back",
         }
     }
 
@@ -58,7 +89,8 @@ impl FromStr for MountMode {
         match s {
             "read-only" => Ok(MountMode::ReadOnly),
             "write-through" => Ok(MountMode::WriteThrough),
-            _ => Err("expected read-only or write-through".into()),
+            "write-back" => Ok(MountMode::WriteBack),
+            _ => Err("expected read-only, write-through or write-back".into()),
         }
     }
 }
@@ -78,6 +110,17 @@ pub struct MountOptions {
     pub block_size: u64,
     /// How long a stat or listing of the UFS is trusted (`metadata_ttl`, default 10 s).
     pub metadata_ttl: Duration,
+    /// Write-back: distinct workers whose journals must hold a file before it is acknowledged
+    /// (`write_replicas`, 1 to 8, default 2).
+    pub write_replicas: u32,
+    /// Write-back: uploads one worker runs at once for this mount (`upload_parallelism`,
+    /// default 4).
+    pub upload_parallelism: u32,
+    /// Write-back: bytes per second one worker uploads for this mount (`upload_bandwidth`,
+    /// e.g. `200MiB`; default 0, no cap).
+    pub upload_bandwidth: u64,
+    /// Write-back: what a worker whose journal disk is full does (`on_full`).
+    pub on_full: OnFull,
     /// Every option not listed above: the UFS service's (and the UFS layer's `ufs_*`).
     pub ufs: BTreeMap<String, String>,
 }
@@ -88,6 +131,10 @@ impl Default for MountOptions {
             mode: MountMode::default(),
             block_size: DEFAULT_BLOCK_SIZE,
             metadata_ttl: Duration::from_millis(DEFAULT_METADATA_TTL_MS),
+            write_replicas: DEFAULT_WRITE_REPLICAS,
+            upload_parallelism: DEFAULT_UPLOAD_PARALLELISM,
+            upload_bandwidth: 0,
+            on_full: OnFull::default(),
             ufs: BTreeMap::new(),
         }
     }
@@ -121,6 +168,30 @@ impl MountOptions {
                         .ok_or_else(|| bad("expected a duration such as 500ms, 10s, 5m or 0"))?;
                 }
                 "mode" => out.mode = value.parse().map_err(|reason: String| bad(&reason))?,
+                "write_replicas" => {
+                    out.write_replicas =
+                        value.parse().ok().filter(|n| (1..=MAX_WRITE_REPLICAS).contains(n)).ok_or_else(
+                            || bad(&format!("expected a number of workers from 1 to {MAX_WRITE_REPLICAS}")),
+                        )?;
+                }
+                "upload_parallelism" => {
+                    out.upload_parallelism = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=256).contains(n))
+                        .ok_or_else(|| bad("expected a number of uploads from 1 to 256"))?;
+                }
+                "upload_bandwidth" => {
+                    out.upload_bandwidth = parse_size(value)
+                        .ok_or_else(|| bad("expected bytes per second such as 200MiB, or 0 for no cap"))?;
+                }
+                "on_full" => {
+                    out.on_full = match value.as_str() {
+                        "refuse" => OnFull::Refuse,
+                        "write-through" => OnFull::WriteThrough,
+                        _ => return Err(bad("expected refuse or write-through")),
+                    };
+                }
                 _ => {
                     out.ufs.insert(key.clone(), value.clone());
                 }
@@ -165,6 +236,27 @@ mod tests {
         assert!(parse(&[("block_size", "512MiB")]).is_err());
         assert!(parse(&[("metadata_ttl", "10")]).is_err());
         let e = parse(&[("mode", "write-back-ish")]).unwrap_err();
-        assert!(e.to_string().contains("read-only or write-through"), "{e}");
+        assert!(e.to_string().contains("read-only, write-through or write-back"), "{e}");
+        for (k, v) in [("write_replicas", "0"), ("write_replicas", "9"), ("upload_parallelism", "x")] {
+            assert_eq!(parse(&[(k, v)]).unwrap_err().key, k);
+        }
+        assert_eq!(parse(&[("on_full", "spill")]).unwrap_err().key, "on_full");
+    }
+
+    #[test]
+    fn write_back_options() {
+        let o = parse(&[
+            ("mode", "write-back"),
+            ("write_replicas", "3"),
+            ("upload_bandwidth", "64MiB"),
+            ("on_full", "write-through"),
+        ])
+        .unwrap();
+        assert_eq!(o.mode, MountMode::WriteBack);
+        assert!(o.mode.is_writable());
+        assert_eq!((o.write_replicas, o.upload_parallelism), (3, DEFAULT_UPLOAD_PARALLELISM));
+        assert_eq!((o.upload_bandwidth, o.on_full), (64 << 20, OnFull::WriteThrough));
+        assert!(o.ufs.is_empty());
+        assert_eq!(parse(&[]).unwrap().write_replicas, 2);
     }
 }

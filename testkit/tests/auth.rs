@@ -287,7 +287,11 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
     let frames: Vec<(&str, Vec<u8>, Access)> = vec![
         ("ReadBlock", read.encode(), Access::Read),
         ("OpenBlock", OpenBlock { read: read.clone(), kind: GrantKind::Rdma }.encode(), Access::Read),
-        ("WriteBegin", WriteBegin { req_id: 5, path: "/data/b/f.bin".into() }.encode(), Access::Write),
+        (
+            "WriteBegin",
+            WriteBegin { req_id: 5, path: "/data/b/f.bin".into(), write_back: None }.encode(),
+            Access::Write,
+        ),
         ("Stat", frame::StatRequest { req_id: 5, path: "/data/b/f.bin".into() }.encode(), Access::Read),
         ("View", frame::view_request(5), Access::Any),
         ("RemoteRead", RemoteRead { req_id: 5, addr: 0, rkey: 1, len: 1 }.encode(), Access::Any),

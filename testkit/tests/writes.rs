@@ -91,7 +91,9 @@ async fn a_malformed_frame_inside_a_write_aborts_it() {
     let cluster = Cluster::start(ClusterOptions { workers: 1, ..writable() }).await;
     cluster.write_file("old.bin", b"old");
     let mut s = cluster.dial(cluster.worker(0).data_addr).await;
-    s.write_all(&WriteBegin { req_id: 5, path: "/data/old.bin".into() }.encode()).await.unwrap();
+    s.write_all(&WriteBegin { req_id: 5, path: "/data/old.bin".into(), write_back: None }.encode())
+        .await
+        .unwrap();
     let mut head = [0u8; RESPONSE_HEADER_LEN];
     s.read_exact(&mut head).await.unwrap();
     assert!(ResponseHeader::decode(&head).unwrap().status.is_ok(), "the write may start");

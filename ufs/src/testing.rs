@@ -43,6 +43,10 @@ pub struct UfsFaults {
     pub fail_next_reads: AtomicU64,
     /// Every read first sleeps this many milliseconds.
     pub read_delay_ms: AtomicU64,
+    /// The next N writers refuse to open with a temporary error (a UFS answering 500s).
+    pub fail_next_writes: AtomicU64,
+    /// Writers opened (counted whether or not they then fail).
+    pub writers_opened: AtomicU64,
 }
 
 pub struct CountingUfs {
@@ -54,7 +58,7 @@ pub struct CountingUfs {
 #[async_trait]
 impl Ufs for CountingUfs {
     fn as_write(&self) -> Option<&dyn crate::UfsWrite> {
-        self.inner.as_write()
+        self.inner.as_write().map(|_| self as &dyn crate::UfsWrite)
     }
 
     async fn stat(&self, path: &str) -> Result<ObjectMeta> {
@@ -99,6 +103,30 @@ impl Ufs for CountingUfs {
         self.counters.reads.fetch_add(1, Ordering::SeqCst);
         self.counters.bytes_read.fetch_add(bytes.len() as u64, Ordering::SeqCst);
         Ok(bytes)
+    }
+}
+
+#[async_trait]
+impl crate::UfsWrite for CountingUfs {
+    async fn writer(&self, path: &str) -> Result<Box<dyn crate::UfsWriter>> {
+        self.faults.writers_opened.fetch_add(1, Ordering::SeqCst);
+        let injected = self
+            .faults
+            .fail_next_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if injected {
+            return Err(UfsError::Temporary(format!("{path}: injected write fault (503)")));
+        }
+        self.inner.as_write().expect("as_write checked it").writer(path).await
+    }
+
+    async fn delete(&self, path: &str, is_dir: bool, recursive: bool) -> Result<()> {
+        self.inner.as_write().expect("as_write checked it").delete(path, is_dir, recursive).await
+    }
+
+    async fn create_dir(&self, path: &str) -> Result<()> {
+        self.inner.as_write().expect("as_write checked it").create_dir(path).await
     }
 }
 

@@ -4,7 +4,8 @@
 //! Keys, under the prefix `/strata/`: `leader` (the leader's advertised rpc address, attached
 //! to its lease), `mounts/<path>`, `jobs/<id>`, `schedules/<id>` (JSON records, as in redb),
 //! `workers/<id>` (registered workers, so a new leader knows the ring at once), `tokens/<id>`
-//! (token hashes with their roles and scopes, never a token).
+//! (token hashes with their roles and scopes, never a token), `writeback/<path>` (write-back
+//! files acknowledged and not yet in the UFS).
 //!
 //! Invariants:
 //! - **One acting leader.** A master leads from the moment its transaction created `leader`
@@ -459,6 +460,18 @@ impl MetaStore for EtcdStore {
 
     fn delete_token(&self, id: &str) -> Result<(), StoreError> {
         self.etcd.delete(self.revision, "tokens", id)
+    }
+
+    fn load_pending(&self) -> Result<Vec<crate::writeback::PendingRecord>, StoreError> {
+        self.etcd.load_all("writeback")
+    }
+
+    fn put_pending(&self, record: &crate::writeback::PendingRecord) -> Result<(), StoreError> {
+        self.etcd.put(self.revision, "writeback", &record.path, record)
+    }
+
+    fn delete_pending(&self, path: &str) -> Result<(), StoreError> {
+        self.etcd.delete(self.revision, "writeback", path)
     }
 
     /// The connection outlives a term; it is closed with the master ([`Etcd::close`]).

@@ -65,6 +65,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         grants: Arc::new(Grants::from_config(&config, clock).unwrap()),
         view: Arc::new(LastView::default()),
         connections: Arc::new(Connections::from_config(&config)),
+        writeback: None,
         // Limits and deadlines are what these tests are about: every peer is admitted by the
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),
@@ -253,7 +254,8 @@ async fn the_connection_over_the_worker_limit_is_refused_with_resource_exhausted
 async fn a_write_whose_data_stalls_midway_is_closed_and_commits_nothing() {
     let (f, addr) = serve_tcp(WorkerConfig { frame_timeout_ms: 300, ..WorkerConfig::default() }).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let (head, _) = call(&mut s, &WriteBegin { req_id: 5, path: "/d/f.bin".into() }.encode()).await;
+    let (head, _) =
+        call(&mut s, &WriteBegin { req_id: 5, path: "/d/f.bin".into(), write_back: None }.encode()).await;
     assert!(head.status.is_ok(), "{head:?}");
     // One whole data frame, then half of the next one.
     s.write_all(&request_header(Op::WriteData, 4)).await.unwrap();
