@@ -40,6 +40,12 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Stat { path, sync, json } => stat(&t, &path, sync, json).await,
         Command::Cat { path } => cat(&t, &path).await,
         Command::Cp { path, dest } => cp(&t, &path, &dest).await,
+        Command::Put { src, path, wait, timeout } => {
+            put(&t, &src, &path, wait.then_some(timeout.as_str())).await
+        }
+        Command::Sync { path, wait, timeout, json } => {
+            sync(&t, &path, wait.then_some(timeout.as_str()), json).await
+        }
         Command::Status { json } => status(&t, json).await,
         Command::Warmup(args) => crate::warmup::warmup(&connect(&t).await?, args).await,
         Command::Job(cmd) => crate::warmup::job(&connect(&t).await?, cmd).await,
@@ -260,6 +266,9 @@ async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> 
     if let Some(m) = args.memory {
         cfg.memory_capacity = size("memory", &m)?;
     }
+    if let Some(d) = args.journal_dir {
+        cfg.journal_dir = Some(d);
+    }
     if let Some(d) = args.nvme_dir {
         cfg.nvme_dir = Some(d);
     }
@@ -342,7 +351,7 @@ async fn mount(target: &Target, cmd: MountCommand) -> Result<()> {
 }
 
 fn info_json(f: &FileInfo) -> serde_json::Value {
-    json!({"path": f.path, "is_dir": f.is_dir, "size": f.size, "version": f.version, "mtime_ms": f.mtime_ms, "block_size": f.block_size})
+    json!({"path": f.path, "is_dir": f.is_dir, "size": f.size, "version": f.version, "mtime_ms": f.mtime_ms, "block_size": f.block_size, "persist": f.persist.as_str(), "holders": f.holders.iter().map(|h| h.id.as_str()).collect::<Vec<_>>()})
 }
 
 /// Prints a listing page by page as the master sends it: a directory of millions of entries
@@ -392,6 +401,11 @@ async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<
             outln!("size:       {}", f.size)?;
             outln!("version:    {}", f.version)?;
             outln!("block size: {}", f.block_size)?;
+            outln!("persisted:  {}", f.persist.as_str())?;
+            if !f.holders.is_empty() {
+                let ids: Vec<&str> = f.holders.iter().map(|h| h.id.as_str()).collect();
+                outln!("journals:   {}", ids.join(", "))?;
+            }
         }
         outln!("mtime (ms): {}", f.mtime_ms)?;
     }
@@ -447,6 +461,75 @@ async fn cp(target: &Target, path: &str, dest: &Path) -> Result<()> {
     file.sync_all()?;
     std::fs::rename(&tmp, &dest)?;
     eprintln!("copied {n} bytes to {}", dest.display());
+    Ok(())
+}
+
+fn parse_timeout(text: &str) -> Result<std::time::Duration> {
+    strata_common::units::parse_duration(text)
+        .with_context(|| format!("--timeout {text:?}: expected a duration such as 30s, 10m or 1h"))
+}
+
+async fn put(target: &Target, src: &Path, path: &str, wait: Option<&str>) -> Result<()> {
+    let timeout = wait.map(parse_timeout).transpose()?;
+    let client = connect(target).await?;
+    let mut input: Box<dyn std::io::Read + Send> = if src == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(src).with_context(|| format!("opening {}", src.display()))?)
+    };
+    let mut writer = client.create(path).await?;
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = tokio::task::block_in_place(|| input.read(&mut buf))
+            .with_context(|| format!("reading {}", src.display()))?;
+        if n == 0 {
+            break;
+        }
+        // An error drops the writer, which aborts the write: the old file stays.
+        writer.write(&buf[..n]).await?;
+    }
+    let info = writer.close().await?;
+    eprintln!("wrote {} bytes to {} ({})", info.size, info.path, info.persist.as_str());
+    if let Some(timeout) = timeout {
+        client.sync_wait(&info.path, timeout).await?;
+        eprintln!("{} is in the UFS", info.path);
+    }
+    Ok(())
+}
+
+async fn sync(target: &Target, path: &str, wait: Option<&str>, as_json: bool) -> Result<()> {
+    let timeout = wait.map(parse_timeout).transpose()?;
+    let client = connect(target).await?;
+    let pending = client.sync(path, true).await?;
+    let state = |s: i32| {
+        strata_client::PersistState::try_from(s).map_or("unknown", |s| match s {
+            strata_client::PersistState::Persisted => "persisted",
+            strata_client::PersistState::Pending => "pending",
+            strata_client::PersistState::Uploading => "uploading",
+            strata_client::PersistState::Failed => "failed",
+        })
+    };
+    if as_json {
+        let items: Vec<_> = pending
+            .iter()
+            .map(|p| {
+                json!({"path": p.path, "size": p.size, "state": state(p.state), "error": p.error,
+                       "holders": p.holders, "uploader": p.uploader, "committed_unix_ms": p.committed_unix_ms})
+            })
+            .collect();
+        outln!("{}", serde_json::to_string_pretty(&items)?)?;
+    } else if pending.is_empty() {
+        eprintln!("everything under {path} is in the UFS");
+    } else {
+        for p in &pending {
+            let why = if p.error.is_empty() { String::new() } else { format!("  ({})", p.error) };
+            outln!("{:<10} {:>14}  {}{why}", state(p.state), p.size, p.path)?;
+        }
+    }
+    if let Some(timeout) = timeout {
+        client.sync_wait(path, timeout).await?;
+        eprintln!("everything under {path} is in the UFS");
+    }
     Ok(())
 }
 

@@ -124,6 +124,35 @@ enum Command {
         /// Local destination file.
         dest: PathBuf,
     },
+    /// Copy a local file (or `-`, standard input) into Strata, on a write-through or
+    /// write-back mount. On a write-back mount it returns once the mount's `write_replicas`
+    /// workers hold the file durably; the upload to the UFS follows (see `strata sync`).
+    Put {
+        /// Local source file, or `-` for standard input.
+        src: PathBuf,
+        /// Strata path to write.
+        path: String,
+        /// Wait until the file is in the UFS (write-back mounts) before returning.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this long (e.g. 30s, 10m). Default 1h.
+        #[arg(long, default_value = "1h")]
+        timeout: String,
+    },
+    /// Show which files written to write-back mounts at or under PATH are not in the UFS yet
+    /// (pending, uploading, or failed with the reason), queuing failed uploads again. With
+    /// --wait, block until all are persisted: exit 0 once they are, non-zero if an upload
+    /// fails or --timeout passes.
+    Sync {
+        path: String,
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this long (e.g. 30s, 10m). Default 1h.
+        #[arg(long, default_value = "1h")]
+        timeout: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show workers, tiers, blocks and cache hit/miss counters.
     Status {
         #[arg(long)]
@@ -255,6 +284,10 @@ struct WorkerArgs {
     /// NVMe tier size, e.g. 100GiB.
     #[arg(long, env = "STRATA_WORKER_NVME")]
     nvme: Option<String>,
+    /// Directory of the write-back journals (files on write-back mounts until uploaded).
+    /// Default <nvme dir>/journal.
+    #[arg(long, env = "STRATA_WORKER_JOURNAL_DIR")]
+    journal_dir: Option<PathBuf>,
     /// Sidecar mode: serve this pod's processes on --socket only, never join the cluster's
     /// ring, fetch misses from the cluster's workers before the UFS.
     #[arg(long, env = "STRATA_WORKER_SIDECAR")]
@@ -275,8 +308,10 @@ enum MountCommand {
         path: String,
         /// UFS URI, e.g. file:///mnt/datasets or s3://bucket/prefix.
         uri: String,
-        /// Mount option KEY=VALUE (repeatable): block_size=4MiB, metadata_ttl=10s, and the UFS's
-        /// own options (endpoint, region, access_key_id, ...).
+        /// Mount option KEY=VALUE (repeatable): block_size=4MiB, metadata_ttl=10s,
+        /// mode=read-only|write-through|write-back, and for write-back write_replicas=2,
+        /// upload_parallelism=4, upload_bandwidth=200MiB, on_full=refuse|write-through (see
+        /// docs/CONFIGURATION.md); and the UFS's own options (endpoint, region, access_key_id, ...).
         #[arg(long = "option", short = 'o', value_name = "KEY=VALUE")]
         options: Vec<String>,
     },
