@@ -266,16 +266,8 @@ impl Worker {
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
         };
-        let link = tokio::spawn(master_link::run(
-            master.clone(),
-            identity,
-            blocks.clone(),
-            view,
-            auth,
-            writeback,
-            clock,
-            cancel.clone(),
-        ));
+        let linked = master_link::Linked { blocks: blocks.clone(), view, auth, writeback };
+        let link = tokio::spawn(master_link::run(master.clone(), identity, linked, clock, cancel.clone()));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
         info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %config.nvme_dir().display(), "worker started");

@@ -240,17 +240,23 @@ fn proto_counters(c: CounterSnapshot) -> WorkerCounters {
     }
 }
 
+/// What the heartbeat loop keeps up to date and reports on.
+pub struct Linked {
+    pub blocks: Arc<BlockService>,
+    pub view: Arc<LastView>,
+    pub auth: Arc<PeerAuth>,
+    pub writeback: Arc<WriteBack>,
+}
+
 /// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
 pub async fn run(
     client: MasterConn,
     id: Identity,
-    blocks: Arc<BlockService>,
-    view: Arc<LastView>,
-    auth: Arc<PeerAuth>,
-    writeback: Arc<WriteBack>,
+    parts: Linked,
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
+    let Linked { blocks, view, auth, writeback } = parts;
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;

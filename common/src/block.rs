@@ -112,6 +112,15 @@ pub fn block_slices(file_size: u64, block_size: u64, offset: u64, len: u64) -> V
     out
 }
 
+/// Versions of files written to a write-back mount and not yet uploaded start with this: their
+/// bytes are in the holders' journals, not in the UFS (docs/WRITEBACK.md).
+pub const WRITE_BACK_VERSION_PREFIX: &str = "wb-";
+
+/// The write id of a write-back version, if `version` is one.
+pub fn write_back_id(version: &str) -> Option<&str> {
+    version.strip_prefix(WRITE_BACK_VERSION_PREFIX).filter(|id| !id.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,13 +165,4 @@ mod tests {
             prop_assert_eq!(pos, expected_end);
         }
     }
-}
-
-/// Versions of files written to a write-back mount and not yet uploaded start with this: their
-/// bytes are in the holders' journals, not in the UFS (docs/WRITEBACK.md).
-pub const WRITE_BACK_VERSION_PREFIX: &str = "wb-";
-
-/// The write id of a write-back version, if `version` is one.
-pub fn write_back_id(version: &str) -> Option<&str> {
-    version.strip_prefix(WRITE_BACK_VERSION_PREFIX).filter(|id| !id.is_empty())
 }
