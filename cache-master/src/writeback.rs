@@ -307,6 +307,14 @@ impl WriteBack {
         let mut orders = JournalOrders::default();
         // Uploads given to workers that are gone are free again.
         st.running.retain(|_, r| live.contains(&r.worker));
+        // A new master (restart, failover) learns which uploads run from the workers running them.
+        for j in held.iter().filter(|j| j.uploading) {
+            if !st.running.contains_key(&j.path) {
+                let run =
+                    Running { write_id: j.write_id.clone(), worker: worker.to_string(), deleted: false };
+                st.running.insert(j.path.clone(), run);
+            }
+        }
         let mut holds: HashSet<&str> = HashSet::new();
         for j in held {
             holds.insert(&j.write_id);
@@ -504,6 +512,18 @@ mod tests {
     }
 
     #[test]
+    fn a_new_master_learns_running_uploads_from_heartbeats() {
+        let (w, store) = wb();
+        assert!(commit(&w, "/m/f", "v1", &["a", "b"]));
+        let again = WriteBack::load(store, strata_common::clock::system()).unwrap();
+        let all = live(&["a", "b"]);
+        // `a` still uploads v1: `b` must not be given a second upload of the path.
+        assert_eq!(again.heartbeat("a", &[journal("v1", "/m/f", true, 5)], &all), JournalOrders::default());
+        assert_eq!(again.heartbeat("b", &[journal("v1", "/m/f", false, 5)], &all), JournalOrders::default());
+        assert_eq!(again.get("/m/f").unwrap().uploader, "a");
+    }
+
+    #[test]
     fn unknown_journals_wait_out_the_grace() {
         let (w, _) = wb();
         let all = live(&["a"]);
@@ -580,5 +600,200 @@ mod tests {
             }
         };
         assert!(w.commit(bad).is_err(), "a commit must name its primary first");
+    }
+}
+
+/// The guarantee against a model: whatever interleaving of commits, uploads that end or fail,
+/// workers that die and come back, heartbeats and deletes, once every worker is back and every
+/// upload has run, the UFS holds exactly the last acknowledged version of each path (nothing
+/// for a path deleted since), and no holder dropped a journal the master still needed.
+#[cfg(test)]
+mod model {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::store::MemStore;
+
+    const WORKERS: [&str; 3] = ["a", "b", "c"];
+    const PATHS: [&str; 3] = ["/m/x", "/m/y", "/m/d/z"];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Commit { path: usize, primary: usize, replica: usize },
+        Finish { worker: usize, pick: usize },
+        Fail { worker: usize, pick: usize, gave_up: bool },
+        Kill { worker: usize },
+        Restart { worker: usize },
+        Heartbeat { worker: usize },
+        Delete { path: usize },
+        Retry,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..3usize, 0..3usize, 1..3usize).prop_map(|(path, primary, d)| Op::Commit { path, primary, replica: (primary + d) % 3 }),
+            3 => (0..3usize, 0..4usize).prop_map(|(worker, pick)| Op::Finish { worker, pick }),
+            1 => (0..3usize, 0..4usize, any::<bool>()).prop_map(|(worker, pick, gave_up)| Op::Fail { worker, pick, gave_up }),
+            1 => (0..3usize).prop_map(|worker| Op::Kill { worker }),
+            1 => (0..3usize).prop_map(|worker| Op::Restart { worker }),
+            3 => (0..3usize).prop_map(|worker| Op::Heartbeat { worker }),
+            1 => (0..3usize).prop_map(|path| Op::Delete { path }),
+            1 => Just(Op::Retry),
+        ]
+    }
+
+    #[derive(Default)]
+    struct World {
+        live: BTreeSet<usize>,
+        /// Per worker: write id → path of the journals on its disk.
+        journals: [BTreeMap<String, String>; 3],
+        /// Per worker: uploads it runs (write ids).
+        running: [BTreeSet<String>; 3],
+        ufs: BTreeMap<String, String>,
+        last: BTreeMap<String, Option<String>>,
+        next_id: u32,
+    }
+
+    impl World {
+        fn live_ids(&self) -> HashSet<String> {
+            self.live.iter().map(|&i| WORKERS[i].to_string()).collect()
+        }
+
+        fn start_upload(&mut self, worker: usize, id: String) {
+            if self.journals[worker].contains_key(&id) {
+                self.running[worker].insert(id);
+            }
+        }
+
+        fn end_upload(&mut self, wb: &WriteBack, worker: usize, pick: usize, error: Option<bool>) {
+            let Some(id) = self.running[worker].iter().nth(pick % self.running[worker].len().max(1)).cloned()
+            else {
+                return;
+            };
+            let path = self.journals[worker][&id].clone();
+            let (message, gave_up) = match error {
+                None => {
+                    self.ufs.insert(path.clone(), id.clone());
+                    ("", false)
+                }
+                Some(gave_up) => ("503", gave_up),
+            };
+            if error.is_none() || gave_up {
+                self.running[worker].remove(&id);
+            }
+            let ended =
+                wb.upload_result(WORKERS[worker], &path, &id, message, gave_up, &self.live_ids()).unwrap();
+            if let Some(p) = ended.delete_again {
+                self.ufs.remove(&p);
+            }
+            for next in ended.upload {
+                self.start_upload(worker, next);
+            }
+        }
+
+        fn heartbeat(&mut self, wb: &WriteBack, worker: usize) {
+            if !self.live.contains(&worker) {
+                return;
+            }
+            let held: Vec<HeldJournal> = self.journals[worker]
+                .iter()
+                .map(|(id, path)| HeldJournal {
+                    write_id: id.clone(),
+                    path: path.clone(),
+                    uploading: self.running[worker].contains(id),
+                    age_ms: 0,
+                })
+                .collect();
+            let orders = wb.heartbeat(WORKERS[worker], &held, &self.live_ids());
+            for id in orders.drop {
+                if !self.running[worker].contains(&id) {
+                    self.journals[worker].remove(&id);
+                }
+            }
+            for id in orders.upload {
+                self.start_upload(worker, id);
+            }
+        }
+
+        fn apply(&mut self, wb: &WriteBack, op: Op) {
+            match op {
+                Op::Commit { path, primary, replica } => {
+                    if !self.live.contains(&primary) || !self.live.contains(&replica) {
+                        return;
+                    }
+                    self.next_id += 1;
+                    let id = format!("w{}", self.next_id);
+                    let p = PATHS[path].to_string();
+                    self.journals[primary].insert(id.clone(), p.clone());
+                    self.journals[replica].insert(id.clone(), p.clone());
+                    let upload = wb
+                        .commit(Commit {
+                            worker_id: WORKERS[primary].into(),
+                            path: p.clone(),
+                            write_id: id.clone(),
+                            size: 1,
+                            mtime_ms: 0,
+                            holders: vec![WORKERS[primary].into(), WORKERS[replica].into()],
+                            persisted: false,
+                        })
+                        .unwrap();
+                    self.last.insert(p, Some(id.clone()));
+                    if upload {
+                        self.start_upload(primary, id);
+                    }
+                }
+                Op::Finish { worker, pick } => self.end_upload(wb, worker, pick, None),
+                Op::Fail { worker, pick, gave_up } => self.end_upload(wb, worker, pick, Some(gave_up)),
+                Op::Kill { worker } => {
+                    self.live.remove(&worker);
+                    self.running[worker].clear();
+                }
+                Op::Restart { worker } => {
+                    self.live.insert(worker);
+                }
+                Op::Heartbeat { worker } => self.heartbeat(wb, worker),
+                Op::Delete { path } => {
+                    let p = PATHS[path].to_string();
+                    wb.forget_under(&p).unwrap();
+                    // The master's delete removes the UFS's object too.
+                    self.ufs.remove(&p);
+                    self.last.insert(p, None);
+                }
+                Op::Retry => {
+                    wb.retry_failed("/").unwrap();
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn the_ufs_ends_with_the_last_acknowledged_versions(ops in proptest::collection::vec(op(), 1..60)) {
+            let wb = WriteBack::load(Arc::new(MemStore::default()), strata_common::clock::system()).unwrap();
+            let mut world = World { live: (0..3).collect(), ..World::default() };
+            for op in ops {
+                world.apply(&wb, op);
+            }
+            // Every worker back; uploads run to the end.
+            world.live = (0..3).collect();
+            for _ in 0..20 {
+                wb.retry_failed("/").unwrap();
+                for w in 0..3 {
+                    world.heartbeat(&wb, w);
+                }
+                for w in 0..3 {
+                    while !world.running[w].is_empty() {
+                        world.end_upload(&wb, w, 0, None);
+                    }
+                }
+            }
+            prop_assert!(wb.under("/").is_empty(), "still pending: {:?}", wb.under("/"));
+            for (path, last) in &world.last {
+                prop_assert_eq!(world.ufs.get(path), last.as_ref(), "{}", path);
+            }
+        }
     }
 }
