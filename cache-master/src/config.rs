@@ -22,6 +22,10 @@ pub struct MasterConfig {
     /// How often workers heartbeat (milliseconds); told to each worker when it registers.
     /// Default 1000.
     pub heartbeat_interval_ms: u64,
+    /// How long workers keep the journal of a write-back file after its upload, in
+    /// milliseconds, so that readers that learnt its pending version (a client caches a stat
+    /// for the mount's `metadata_ttl`) go on reading it from the journals. Default 60000.
+    pub writeback_journal_grace_ms: u64,
     /// Entries kept in the metadata (stat and listing) cache. Default 100000.
     pub metadata_cache_entries: u64,
     /// Finished load jobs kept for `strata job ls|status|history`; older ones are forgotten
@@ -83,6 +87,7 @@ impl Default for MasterConfig {
             data_dir: PathBuf::from(".strata/master"),
             worker_timeout_ms: 10_000,
             heartbeat_interval_ms: 1_000,
+            writeback_journal_grace_ms: 60_000,
             metadata_cache_entries: 100_000,
             job_history: 1000,
             meta: String::new(),

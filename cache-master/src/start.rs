@@ -167,7 +167,8 @@ pub(crate) fn load_state(
     let (jobs, resume) = load_jobs(store.as_ref(), clock)?;
     let schedules = load_schedules(store.as_ref(), clock)?;
     let workers = store.load_workers()?;
-    let pending = Arc::new(WriteBack::load(store.clone(), clock.clone())?);
+    let grace = std::time::Duration::from_millis(config.writeback_journal_grace_ms);
+    let pending = Arc::new(WriteBack::load(store.clone(), clock.clone(), grace)?);
     info!(
         mounts = mounts.len(),
         resuming_jobs = resume.len(),

@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use strata_common::SharedClock;
@@ -91,6 +92,8 @@ struct State {
     /// journals are dropped at once. Bounded; an id it forgot waits out the grace instead.
     finished: HashSet<String>,
     finished_order: std::collections::VecDeque<String>,
+    /// When finished ids were persisted (their journals outlive that by the grace).
+    persisted_at: HashMap<String, std::time::Instant>,
 }
 
 /// Most finished write ids remembered.
@@ -104,6 +107,7 @@ impl State {
                 && let Some(old) = self.finished_order.pop_front()
             {
                 self.finished.remove(&old);
+                self.persisted_at.remove(&old);
             }
         }
     }
@@ -152,13 +156,15 @@ pub struct Commit {
 pub struct WriteBack {
     store: Arc<dyn MetaStore>,
     clock: SharedClock,
+    /// How long a persisted file's journals are kept for readers of its pending version.
+    grace: Duration,
     state: Mutex<State>,
 }
 
 impl WriteBack {
     /// The pending files of the store. Uploads that were running are assigned again when their
     /// holders report.
-    pub fn load(store: Arc<dyn MetaStore>, clock: SharedClock) -> Result<Self, OpError> {
+    pub fn load(store: Arc<dyn MetaStore>, clock: SharedClock, grace: Duration) -> Result<Self, OpError> {
         let mut state = State::default();
         for record in store.load_pending()? {
             state.files.insert(record.path.clone(), record);
@@ -166,7 +172,7 @@ impl WriteBack {
         if !state.files.is_empty() {
             info!(files = state.files.len(), "write-back files still to upload");
         }
-        let wb = Self { store, clock, state: Mutex::new(state) };
+        let wb = Self { store, clock, grace, state: Mutex::new(state) };
         wb.gauges(&lock(&wb.state));
         Ok(wb)
     }
@@ -252,6 +258,7 @@ impl WriteBack {
             metrics::counter!(m::WRITEBACK_UPLOADS, "result" => "persisted").increment(1);
             st.finish(write_id);
             if current.is_some() {
+                st.persisted_at.insert(write_id.to_string(), self.clock.now());
                 self.store.delete_pending(path)?;
                 st.files.remove(path);
                 st.last_error.remove(path);
@@ -320,8 +327,13 @@ impl WriteBack {
             holds.insert(&j.write_id);
             let wanted = st.files.get(&j.path).is_some_and(|r| r.write_id == j.write_id);
             let running_here = st.running.get(&j.path).is_some_and(|r| r.write_id == j.write_id);
+            // A persisted version's journal serves readers that learnt it, for the grace.
+            let in_grace = st
+                .persisted_at
+                .get(&j.write_id)
+                .is_some_and(|at| self.clock.now().duration_since(*at) < self.grace);
             let decided = st.finished.contains(&j.write_id);
-            if !wanted && !running_here && (decided || j.age_ms >= UNKNOWN_JOURNAL_GRACE_MS) {
+            if !wanted && !running_here && !in_grace && (decided || j.age_ms >= UNKNOWN_JOURNAL_GRACE_MS) {
                 orders.drop.push(j.write_id.clone());
                 continue;
             }
@@ -449,7 +461,7 @@ mod tests {
 
     fn wb() -> (WriteBack, Arc<MemStore>) {
         let store = Arc::new(MemStore::default());
-        (WriteBack::load(store.clone(), strata_common::clock::system()).unwrap(), store)
+        (WriteBack::load(store.clone(), strata_common::clock::system(), Duration::ZERO).unwrap(), store)
     }
 
     fn commit(w: &WriteBack, path: &str, id: &str, holders: &[&str]) -> bool {
@@ -515,12 +527,26 @@ mod tests {
     fn a_new_master_learns_running_uploads_from_heartbeats() {
         let (w, store) = wb();
         assert!(commit(&w, "/m/f", "v1", &["a", "b"]));
-        let again = WriteBack::load(store, strata_common::clock::system()).unwrap();
+        let again = WriteBack::load(store, strata_common::clock::system(), Duration::ZERO).unwrap();
         let all = live(&["a", "b"]);
         // `a` still uploads v1: `b` must not be given a second upload of the path.
         assert_eq!(again.heartbeat("a", &[journal("v1", "/m/f", true, 5)], &all), JournalOrders::default());
         assert_eq!(again.heartbeat("b", &[journal("v1", "/m/f", false, 5)], &all), JournalOrders::default());
         assert_eq!(again.get("/m/f").unwrap().uploader, "a");
+    }
+
+    #[test]
+    fn a_persisted_files_journals_serve_its_readers_for_the_grace() {
+        let store = Arc::new(MemStore::default());
+        let clock = strata_common::clock::ManualClock::new();
+        let w = WriteBack::load(store, clock.clone(), Duration::from_secs(60)).unwrap();
+        let all = live(&["a", "b"]);
+        assert!(commit(&w, "/m/f", "v1", &["a", "b"]));
+        w.upload_result("a", "/m/f", "v1", "", false, &all).unwrap();
+        let held = [journal("v1", "/m/f", false, 5)];
+        assert_eq!(w.heartbeat("b", &held, &all), JournalOrders::default());
+        clock.advance(Duration::from_secs(61));
+        assert_eq!(w.heartbeat("b", &held, &all).drop, vec!["v1".to_string()]);
     }
 
     #[test]
@@ -550,7 +576,7 @@ mod tests {
         assert_eq!((v.state, v.error.as_str()), (PersistState::Failed, "403 denied"));
         assert_eq!(w.heartbeat("a", &[journal("v1", "/m/d/f", false, 9)], &all), JournalOrders::default());
         // A new master (restart or failover) knows it from the store, failed.
-        let again = WriteBack::load(store.clone(), strata_common::clock::system()).unwrap();
+        let again = WriteBack::load(store.clone(), strata_common::clock::system(), Duration::ZERO).unwrap();
         assert_eq!(again.get("/m/d/f").unwrap().state, PersistState::Failed);
         assert_eq!(again.retry_failed("/m").unwrap(), 1);
         let orders = again.heartbeat("b", &[journal("v1", "/m/d/f", false, 9)], &all);
@@ -772,7 +798,7 @@ mod model {
         #![proptest_config(ProptestConfig::with_cases(400))]
         #[test]
         fn the_ufs_ends_with_the_last_acknowledged_versions(ops in proptest::collection::vec(op(), 1..60)) {
-            let wb = WriteBack::load(Arc::new(MemStore::default()), strata_common::clock::system()).unwrap();
+            let wb = WriteBack::load(Arc::new(MemStore::default()), strata_common::clock::system(), Duration::ZERO).unwrap();
             let mut world = World { live: (0..3).collect(), ..World::default() };
             for op in ops {
                 world.apply(&wb, op);

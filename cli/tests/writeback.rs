@@ -86,7 +86,11 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("master.toml");
         // Lost workers are noticed in 3 s, so a takeover fits a short test.
-        std::fs::write(&config, "worker_timeout_ms = 3000\nheartbeat_interval_ms = 200\n").unwrap();
+        std::fs::write(
+            &config,
+            "worker_timeout_ms = 3000\nheartbeat_interval_ms = 200\nwriteback_journal_grace_ms = 200\n",
+        )
+        .unwrap();
         let data = dir.path().join("master").display().to_string();
         let (master_proc, master) = spawn(
             &[

@@ -101,6 +101,8 @@ impl Cluster {
             data_dir: state_dir.path().join("master"),
             worker_timeout_ms: opts.worker_timeout_ms,
             heartbeat_interval_ms: opts.heartbeat_interval_ms,
+            // Tests watch journals go once their file is uploaded.
+            writeback_journal_grace_ms: 200,
             auth: opts.auth,
             tls: server_tls.clone(),
             ..MasterConfig::default()
