@@ -60,6 +60,8 @@ pub struct Mount {
     /// `mode=read-only` (the default) or `mode=write-through`: whether writes through Strata
     /// may reach this UFS.
     pub read_only: bool,
+    /// `mode=write-back`: files are committed by workers and uploaded after.
+    pub write_back: bool,
     pub ufs: Arc<dyn Ufs>,
 }
 
@@ -83,6 +85,7 @@ impl Mount {
             block_size: options.block_size,
             metadata_ttl: options.metadata_ttl,
             read_only: !options.mode.is_writable(),
+            write_back: options.mode == strata_common::MountMode::WriteBack,
             ufs,
         })
     }

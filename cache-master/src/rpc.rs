@@ -284,6 +284,10 @@ impl MasterRpc for Rpc {
         count(RPC);
         let req = req.into_inner();
         let r = self.metadata.resolve(&req.path).map_err(status(RPC))?;
+        if !r.mount.write_back || r.rel.is_empty() {
+            let msg = format!("{} is not a file on a write-back mount", r.path);
+            return Err(status(RPC)(OpError::BadCommit(msg)));
+        }
         let upload = self
             .metadata
             .pending()

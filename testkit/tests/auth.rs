@@ -55,6 +55,9 @@ const RPCS: &[(&str, Access)] = &[
     ("ListTokens", Access::Admin),
     ("RevokeToken", Access::Admin),
     ("WorkerTokens", Access::Worker),
+    ("CommitWrite", Access::Worker),
+    ("UploadResult", Access::Worker),
+    ("Sync", Access::Read),
 ];
 
 /// Calls `rpc` with a request that would change something if it were allowed.
@@ -123,6 +126,27 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
         "ListTokens" => c.list_tokens(Empty {}).await.map(drop),
         "RevokeToken" => c.revoke_token(RevokeTokenRequest { id: "000000000000".into() }).await.map(drop),
         "WorkerTokens" => c.worker_tokens(WorkerTokensRequest { worker_id: "x".into() }).await.map(drop),
+        "CommitWrite" => c
+            .commit_write(CommitWriteRequest {
+                worker_id: "impostor".into(),
+                path: p,
+                write_id: "w1".into(),
+                size: 1,
+                holders: vec!["impostor".into()],
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "UploadResult" => c
+            .upload_result(UploadResultRequest {
+                worker_id: "impostor".into(),
+                path: p,
+                write_id: "w1".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        "Sync" => c.sync(SyncRequest { path: p, retry_failed: true }).await.map(drop),
         other => panic!("no call for {other}"),
     }
 }

@@ -316,6 +316,10 @@ where
                     };
                     failed = Some(Failed { kind, message: format!("{}: {e}", resolved.path) });
                 }
+                if failed.is_some() {
+                    // Free the journal disk now, not when the client ends the stream.
+                    abort_sink(sink.take()).await;
+                }
             }
             Ok((frame::Op::WriteEnd, len)) => {
                 let mut body = vec![0u8; len];
