@@ -5,7 +5,9 @@
 //! Every reader is a separate `Client` (as separate processes are), all start together, and
 //! each UFS read is slowed down so that their misses overlap: the test then checks the bytes
 //! every reader got and, per block, how many times the UFS was read (the harness counts reads
-//! per object and range).
+//! per object and range). Each case runs with a DRAM tier and without one (blocks kept on NVMe
+//! only), where a fetched block is in no tier until its NVMe write ends: some blocks were
+//! fetched twice that way before the single flight stayed open until the write ended.
 
 use std::ops::Range;
 use std::path::Path;
@@ -31,9 +33,22 @@ fn blocks() -> u64 {
     SIZE.div_ceil(BLOCK)
 }
 
+/// Where workers and sidecars keep blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tiers {
+    /// DRAM over NVMe (the harness's defaults for workers; DRAM only for sidecars).
+    Dram,
+    /// No DRAM tier: NVMe only.
+    NvmeOnly,
+}
+
 /// A cluster of 3 workers holding the checkpoint, its UFS reads slowed down.
-async fn cluster_with_checkpoint() -> (Cluster, Arc<Vec<u8>>) {
-    let cluster = Cluster::start(ClusterOptions::default()).await;
+async fn cluster_with_checkpoint(tiers: Tiers) -> (Cluster, Arc<Vec<u8>>) {
+    let mut opts = ClusterOptions::default();
+    if tiers == Tiers::NvmeOnly {
+        opts.memory_capacity = 0;
+    }
+    let cluster = Cluster::start(opts).await;
     let data = Arc::new(pattern(SIZE as usize, 15));
     cluster.write_file(REL, &data);
     cluster.faults().read_delay_ms.store(UFS_READ_DELAY_MS, Ordering::SeqCst);
@@ -107,7 +122,16 @@ fn worker_misses(cluster: &Cluster) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_clients_loading_one_checkpoint_fetch_each_block_from_the_ufs_once() {
-    let (cluster, data) = cluster_with_checkpoint().await;
+    eight_clients(Tiers::Dram).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_clients_of_workers_without_dram_fetch_each_block_from_the_ufs_once() {
+    eight_clients(Tiers::NvmeOnly).await;
+}
+
+async fn eight_clients(tiers: Tiers) {
+    let (cluster, data) = cluster_with_checkpoint(tiers).await;
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(cluster.client().await);
@@ -130,13 +154,17 @@ async fn eight_clients_loading_one_checkpoint_fetch_each_block_from_the_ufs_once
 }
 
 /// A sidecar of a pod (its own directory and socket), with the cluster as its upstream.
-async fn start_sidecar(cluster: &Cluster, dir: &Path) -> SidecarHandle {
+async fn start_sidecar(cluster: &Cluster, dir: &Path, tiers: Tiers) -> SidecarHandle {
+    let (memory_capacity, nvme_capacity) = match tiers {
+        Tiers::Dram => (2 * SIZE, 0),
+        Tiers::NvmeOnly => (0, 2 * SIZE),
+    };
     let config = WorkerConfig {
         master_addr: cluster.master_addr(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.join("sidecar"),
-        memory_capacity: 2 * SIZE,
-        nvme_capacity: 0,
+        memory_capacity,
+        nvme_capacity,
         sidecar: true,
         socket_path: Some(dir.join("strata.sock")),
         token: cluster.worker_token(),
@@ -163,12 +191,21 @@ async fn pod_client(cluster: &Cluster, socket: &Path, short_circuit: bool) -> Cl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_sidecars_with_two_clients_each_fetch_each_block_from_the_ufs_once() {
-    let (cluster, data) = cluster_with_checkpoint().await;
+    four_sidecars(Tiers::Dram).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_sidecars_and_workers_without_dram_fetch_each_block_from_the_ufs_once() {
+    four_sidecars(Tiers::NvmeOnly).await;
+}
+
+async fn four_sidecars(tiers: Tiers) {
+    let (cluster, data) = cluster_with_checkpoint(tiers).await;
     let tmp = tempfile::tempdir().unwrap();
     let mut sidecars = Vec::new();
     let mut clients = Vec::new();
     for pod in 0..4 {
-        let sidecar = start_sidecar(&cluster, &tmp.path().join(format!("pod-{pod}"))).await;
+        let sidecar = start_sidecar(&cluster, &tmp.path().join(format!("pod-{pod}")), tiers).await;
         // One process of the pod maps what the sidecar passes, the other reads through the
         // socket: both paths share the sidecar's single flight.
         clients.push(pod_client(&cluster, &sidecar.socket_path, true).await);
