@@ -44,6 +44,10 @@ pub enum Durability {
     WriteThrough,
 }
 
+/// A queued NVMe write of one block: it has ended (written, or failed and logged) when this
+/// task has.
+pub type NvmeWrite = tokio::task::JoinHandle<()>;
+
 /// A verified NVMe block's file, for serving without copying through memory: `len` bytes of
 /// data at `data_offset`.
 #[derive(Debug)]
@@ -199,7 +203,11 @@ impl BlockCache {
 
     /// Caches a fetched block in DRAM and, for NVMe, either queues its write now
     /// (`WriteThrough`, or write-back off, or no room in DRAM) or marks it dirty.
-    pub async fn keep(&self, key: &BlockKey, bytes: &Bytes, durability: Durability) {
+    ///
+    /// Returns the NVMe write when DRAM did not take the block (no DRAM tier, or a block larger
+    /// than it): until that write ends no tier holds the block, so whoever must find it again
+    /// (the fetcher's single flight) waits for it.
+    pub async fn keep(&self, key: &BlockKey, bytes: &Bytes, durability: Durability) -> Option<NvmeWrite> {
         let write_back = durability == Durability::WriteBack
             && self.writeback_idle_ms.load(Ordering::Relaxed) > 0
             && self.nvme.usage().capacity_bytes > 0;
@@ -214,13 +222,18 @@ impl BlockCache {
                 false
             }
         };
+        let mut only_write = None;
         if !write_back || !in_memory {
             if write_back {
                 lock(&self.writeback.dirty).remove(key);
             }
-            self.write_nvme(key.clone(), bytes.clone()).await;
+            let write = self.write_nvme(key.clone(), bytes.clone()).await;
+            if !in_memory {
+                only_write = write;
+            }
         }
         self.persist_evicted().await;
+        only_write
     }
 
     /// Queues the NVMe writes of dirty blocks DRAM has evicted (waiting for budget).
@@ -283,19 +296,20 @@ impl BlockCache {
         }
     }
 
-    /// Queues an NVMe write, waiting for budget when too many bytes are already queued.
-    async fn write_nvme(&self, key: BlockKey, bytes: Bytes) {
+    /// Queues an NVMe write, waiting for budget when too many bytes are already queued; the
+    /// write itself runs on its own task, returned.
+    async fn write_nvme(&self, key: BlockKey, bytes: Bytes) -> Option<NvmeWrite> {
         let units = (bytes.len() as u64 / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
         let Ok(permit) = self.nvme_budget.clone().acquire_many_owned(units).await else {
-            return;
+            return None;
         };
         let nvme = self.nvme.clone();
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             if let Err(e) = nvme.put(&key, bytes).await {
                 debug!(block = %key, tier = "nvme", err = %e, "not cached on nvme");
             }
             drop(permit);
-        });
+        }))
     }
 
     /// Writes every dirty DRAM block to NVMe and waits until every queued NVMe write has

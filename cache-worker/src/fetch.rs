@@ -2,6 +2,11 @@
 //! the same moment (single flight per key) — from the upstream when there is one (a sidecar's
 //! cluster), else from the UFS — and kept.
 //!
+//! A flight answers for its block until a tier holds it: a miss that looked in the tiers before
+//! the block was kept either joins the flight or, once the flight is over, finds the block in a
+//! tier when it looks again — never fetches it a second time. Without a DRAM tier the block is
+//! in no tier until its NVMe write ends, so the flight stays open that long.
+//!
 //! Invariants: a block is kept only after a read of exactly its range at exactly its version
 //! succeeded (the UFS refuses a changed object; an upstream answer of the wrong length is
 //! dropped), so no half-written or mixed-version block is ever cached. A UFS fetch has one
@@ -21,7 +26,7 @@ use strata_common::upstream::{Upstream, UpstreamRead};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
-use crate::cache::{BlockCache, Durability};
+use crate::cache::{BlockCache, Durability, NvmeWrite};
 use crate::error::ServeError;
 use crate::metrics_defs as m;
 use crate::mounts::WorkerMount;
@@ -49,23 +54,19 @@ impl Located {
     }
 }
 
+type Flights = Mutex<HashMap<BlockKey, Arc<OnceCell<Bytes>>>>;
+
 pub struct Fetcher {
     cache: Arc<BlockCache>,
     counters: Arc<Counters>,
-    inflight: Mutex<HashMap<BlockKey, Arc<OnceCell<Bytes>>>>,
+    inflight: Arc<Flights>,
     upstream: OnceLock<Arc<dyn Upstream>>,
     ufs_deadline: Duration,
 }
 
 impl Fetcher {
     pub fn new(cache: Arc<BlockCache>, counters: Arc<Counters>, ufs_deadline: Duration) -> Self {
-        Self {
-            cache,
-            counters,
-            inflight: Mutex::new(HashMap::new()),
-            upstream: OnceLock::new(),
-            ufs_deadline,
-        }
+        Self { cache, counters, inflight: Arc::default(), upstream: OnceLock::new(), ufs_deadline }
     }
 
     /// Makes misses ask `upstream` before the UFS (sidecar mode). Set once; later calls are
@@ -81,33 +82,53 @@ impl Fetcher {
         }
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::CACHE_MISSES).increment(1);
-        let cell = {
-            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-            inflight.entry(at.key.clone()).or_default().clone()
-        };
+        let cell = self
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(at.key.clone())
+            .or_default()
+            .clone();
+        // Set when this caller flew the flight: the NVMe write its block waits on, if any.
+        let flown: Mutex<Option<Option<NvmeWrite>>> = Mutex::new(None);
         let result = cell
             .get_or_try_init(|| async {
-                // A flight that just finished may have filled DRAM after our first look.
-                if let Some(b) = self.cache.memory_get(&at.key).await {
+                // A flight that just ended may have left the block in a tier after our first look.
+                if let Some((b, _)) = self.cache.lookup(&at.key).await {
+                    *flown.lock().unwrap_or_else(|p| p.into_inner()) = Some(None);
                     return Ok(b);
                 }
-                self.fetch(at, durability).await
+                let (bytes, write) = self.fetch(at, durability).await?;
+                *flown.lock().unwrap_or_else(|p| p.into_inner()) = Some(write);
+                Ok(bytes)
             })
             .await
             .cloned();
-        {
-            let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-            if inflight.get(&at.key).is_some_and(|c| Arc::ptr_eq(c, &cell) && c.initialized()) {
-                inflight.remove(&at.key);
+        // The caller that flew it ends the flight, once a tier holds the block. (A failed flight
+        // stays: the next miss tries again in it.)
+        match flown.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            None => {}
+            Some(None) => end_flight(&self.inflight, &at.key, &cell),
+            Some(Some(write)) => {
+                let (inflight, key) = (self.inflight.clone(), at.key.clone());
+                tokio::spawn(async move {
+                    let _ = write.await;
+                    end_flight(&inflight, &key, &cell);
+                });
             }
         }
         result.map(|b| (b, Source::Ufs))
     }
 
-    async fn fetch(&self, at: &Located, durability: Durability) -> Result<Bytes, ServeError> {
+    /// The block from the upstream or the UFS, kept; and its NVMe write when no other tier took it.
+    async fn fetch(
+        &self,
+        at: &Located,
+        durability: Durability,
+    ) -> Result<(Bytes, Option<NvmeWrite>), ServeError> {
         if let Some(bytes) = self.ask_upstream(at).await {
-            self.cache.keep(&at.key, &bytes, durability).await;
-            return Ok(bytes);
+            let write = self.cache.keep(&at.key, &bytes, durability).await;
+            return Ok((bytes, write));
         }
         let read = at.mount.ufs.read_range(&at.rel, at.range(), &at.key.version);
         let bytes = match tokio::time::timeout(self.ufs_deadline, read).await {
@@ -125,8 +146,8 @@ impl Fetcher {
         self.counters.ufs_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::UFS_READS).increment(1);
         metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
-        self.cache.keep(&at.key, &bytes, durability).await;
-        Ok(bytes)
+        let write = self.cache.keep(&at.key, &bytes, durability).await;
+        Ok((bytes, write))
     }
 
     /// The block from the upstream, when there is one and it answers with the whole block.
@@ -159,5 +180,13 @@ impl Fetcher {
                 None
             }
         }
+    }
+}
+
+/// Removes a flight whose block a tier now holds from the map (unless another replaced it).
+fn end_flight(inflight: &Flights, key: &BlockKey, cell: &Arc<OnceCell<Bytes>>) {
+    let mut flights = inflight.lock().unwrap_or_else(|p| p.into_inner());
+    if flights.get(key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+        flights.remove(key);
     }
 }

@@ -1,6 +1,6 @@
 //! An in-process Strata cluster for tests: a master and N workers on 127.0.0.1 port 0, a UFS
 //! in a temporary directory (opendal's fs service) wrapped in a counting, fault-injecting
-//! layer, and helpers to kill and restart any part.
+//! layer (and one counting reads per byte range), and helpers to kill and restart any part.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,9 +15,11 @@ use strata_worker::{Worker, WorkerConfig, WorkerHandle};
 use tempfile::TempDir;
 
 pub mod fault_proxy;
+pub mod range_reads;
 pub mod tls;
 mod ufs;
 
+pub use range_reads::RangeReads;
 pub use strata_client;
 pub use strata_ufs;
 pub use ufs::TestUfs;
@@ -73,6 +75,7 @@ pub struct Cluster {
     pub ufs: TestUfs,
     state_dir: TempDir,
     pub factory: Arc<CountingFactory>,
+    range_reads: Arc<RangeReads>,
     master: Option<MasterHandle>,
     master_config: MasterConfig,
     workers: Vec<Option<WorkerHandle>>,
@@ -94,7 +97,9 @@ impl Cluster {
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
         let state_dir = tempfile::tempdir().expect("tempdir");
         let server_tls = opts.tls.as_ref().map(|t| t.pki.server(t.client_auth)).unwrap_or_default();
-        let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
+        let ranges = range_reads::RangeCountingFactory::new(Arc::new(OpendalFactory));
+        let range_reads = ranges.reads.clone();
+        let factory = Arc::new(CountingFactory::new(Arc::new(ranges)));
         let mut master_config = MasterConfig {
             rpc_addr: "127.0.0.1:0".parse().expect("addr"),
             http_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -128,6 +133,7 @@ impl Cluster {
             ufs,
             state_dir,
             factory,
+            range_reads,
             master: Some(master),
             master_config,
             workers: Vec::new(),
@@ -236,6 +242,12 @@ impl Cluster {
     /// UFS range reads that returned data, across every process part.
     pub fn ufs_reads(&self) -> u64 {
         self.factory.counters.reads()
+    }
+
+    /// The same reads per object and byte range: which block was fetched how many times, by
+    /// every part that opens its UFS through [`Cluster::factory`] (master, workers, sidecars).
+    pub fn range_reads(&self) -> &RangeReads {
+        &self.range_reads
     }
 
     pub fn worker(&self, i: usize) -> &WorkerHandle {
