@@ -14,6 +14,9 @@ use crate::{OpendalUfs, Result, UfsError};
 
 /// Chunk a writer hands the service at a time (an S3 multipart part).
 const WRITE_CHUNK: usize = 8 << 20;
+/// Parts of one object uploaded at once: an object store's per-request latency, not its
+/// bandwidth, bounds one part at a time (4 × 8 MiB buffered per writer).
+const WRITE_PARTS_IN_FLIGHT: usize = 4;
 
 #[async_trait]
 pub trait UfsWrite: Send + Sync {
@@ -105,7 +108,13 @@ impl UfsWrite for OpendalUfs {
         }
         let staging = self.op.info().capability().rename.then(|| staging_name(path));
         let target = staging.as_deref().unwrap_or(path);
-        let inner = self.op.writer_with(target).chunk(WRITE_CHUNK).await.map_err(|e| map_err(path, e))?;
+        let inner = self
+            .op
+            .writer_with(target)
+            .chunk(WRITE_CHUNK)
+            .concurrent(WRITE_PARTS_IN_FLIGHT)
+            .await
+            .map_err(|e| map_err(path, e))?;
         Ok(Box::new(OpendalWriter { path: path.to_string(), inner, op: self.op.clone(), staging }))
     }
 
