@@ -687,6 +687,11 @@ impl Client {
 
     /// Metadata of a file or directory. `sync` bypasses every cache and asks the UFS.
     ///
+    /// A cached stat of a write-back file not yet uploaded is not reused: its state is stale
+    /// once the upload lands, and its `wb-` version names journals the holders drop a grace
+    /// later (the master's `writeback_journal_grace_ms`, which a longer `metadata_ttl` would
+    /// outlive). The master answers it from its table of pending files, without the UFS.
+    ///
     /// While the master is unreachable (for up to `master_outage_grace`): the last stat of the
     /// path, however old, unless `sync`; else a stat a worker makes at the UFS.
     pub async fn stat_with(&self, raw: &str, sync: bool) -> Result<FileInfo> {
@@ -694,6 +699,7 @@ impl Client {
         let cached = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).get(&p).cloned();
         if !sync
             && let Some((at, info)) = &cached
+            && info.persist == Persist::Persisted
             && self.inner.config.clock.now().saturating_duration_since(*at) < self.ttl_for(&p)
         {
             return Ok(info.clone());
