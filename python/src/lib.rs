@@ -26,7 +26,9 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use strata_client::{ClientConfig, ClientError, FileInfo, StrataReader, StrataWriter};
+use strata_client::{
+    ClientConfig, ClientError, FileInfo, PendingFile, Persist, PersistState, StrataReader, StrataWriter,
+};
 use tokio::io::{AsyncReadExt, AsyncSeek};
 use tokio::runtime::Runtime;
 
@@ -124,6 +126,34 @@ fn info_dict<'py>(py: Python<'py>, f: &FileInfo) -> PyResult<Bound<'py, PyDict>>
     d.set_item("version", &f.version)?;
     d.set_item("mtime", f.mtime_ms as f64 / 1000.0)?;
     d.set_item("block_size", f.block_size)?;
+    // Write-back mounts: where the file's upload stands ("persisted" for every other file),
+    // and the workers whose journals hold it until then.
+    d.set_item("persist", f.persist.as_str())?;
+    d.set_item("holders", f.holders.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())?;
+    Ok(d)
+}
+
+/// A write-back file not yet in the UFS, as `Client.sync` lists it.
+fn pending_dict<'py>(py: Python<'py>, f: &PendingFile) -> PyResult<Bound<'py, PyDict>> {
+    // The names `info` uses (`Persist::as_str`); a state newer than this build is "unknown",
+    // still pending for a caller that waits.
+    let state = match PersistState::try_from(f.state) {
+        Ok(PersistState::Persisted) => Persist::Persisted.as_str(),
+        Ok(PersistState::Pending) => Persist::Pending.as_str(),
+        Ok(PersistState::Uploading) => Persist::Uploading.as_str(),
+        Ok(PersistState::Failed) => Persist::Failed.as_str(),
+        Err(_) => "unknown",
+    };
+    let d = PyDict::new(py);
+    d.set_item("path", &f.path)?;
+    d.set_item("size", f.size)?;
+    d.set_item("state", state)?;
+    d.set_item("error", &f.error)?;
+    d.set_item("holders", &f.holders)?;
+    d.set_item("uploader", &f.uploader)?;
+    d.set_item("write_id", &f.write_id)?;
+    d.set_item("version", format!("{}{}", strata_common::block::WRITE_BACK_VERSION_PREFIX, f.write_id))?;
+    d.set_item("committed", f.committed_unix_ms as f64 / 1000.0)?;
     Ok(d)
 }
 
@@ -469,6 +499,20 @@ impl Client {
 
     fn mkdir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
         py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.mkdir(path)).map_err(to_py)))
+    }
+
+    /// The write-back files at or under `path` not yet in the UFS (an empty list: all are), as
+    /// dicts. `retry_failed` queues uploads that gave up again first. One master call: waiting
+    /// is the caller's loop, so no section outlives a poll (a fork waits for sections).
+    #[pyo3(signature = (path, retry_failed=false))]
+    fn sync<'py>(&self, py: Python<'py>, path: &str, retry_failed: bool) -> PyResult<Bound<'py, PyList>> {
+        let pending =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.sync(path, retry_failed)).map_err(to_py)))?;
+        let out = PyList::empty(py);
+        for f in &pending {
+            out.append(pending_dict(py, f)?)?;
+        }
+        Ok(out)
     }
 
     /// What this process's client served while the master was unreachable: stale stats and

@@ -12,8 +12,10 @@ component is the mount, as a bucket is for s3fs.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+import time
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -23,6 +25,10 @@ from . import _native
 __all__ = ["StrataFileSystem", "StrataReadFile", "StrataWriteFile"]
 
 DEFAULT_MASTER: str = _native.DEFAULT_MASTER
+# How long `sync(wait=True)` and a `wait_persisted` close wait for uploads by default (seconds).
+DEFAULT_PERSIST_TIMEOUT: float = 600.0
+# "The filesystem's setting" for keyword arguments where None means something (no limit).
+_FS_DEFAULT = object()
 
 
 class StrataFileSystem(AbstractFileSystem):
@@ -33,6 +39,12 @@ class StrataFileSystem(AbstractFileSystem):
     ``127.0.0.1:19998`` (as for the ``strata`` CLI). ``token`` is the token to present (see
     docs/SECURITY.md); it defaults to ``$STRATA_TOKEN``, then the file ``$STRATA_TOKEN_FILE``
     names, then a standalone's ``.strata/admin.token`` (under ``$STRATA_DIR`` when set).
+
+    ``wait_persisted`` makes every file written (``open(..., "wb")`` at ``close``, ``pipe_file``,
+    ``put_file``) wait until it is in the UFS (on a ``mode=write-back`` mount a write returns once
+    the workers' journals hold it; the upload follows), for up to ``persist_timeout`` seconds
+    (None: no limit). The same keywords given to ``open``, ``pipe_file`` or ``put_file``
+    override them for that file.
 
     The instance may be created before ``fork`` (PyTorch DataLoader workers, multiprocessing
     pools) and used in the children: each process builds its own runtime and connections on
@@ -45,10 +57,13 @@ class StrataFileSystem(AbstractFileSystem):
     # writes; fsspec's own listings cache would keep stale entries longer.
     cachable = True
 
-    def __init__(self, master: str | None = None, token: str | None = None, **kwargs: Any):
+    def __init__(self, master: str | None = None, token: str | None = None, wait_persisted: bool = False,
+                 persist_timeout: float | None = DEFAULT_PERSIST_TIMEOUT, **kwargs: Any):
         kwargs.pop("use_listings_cache", None)
         super().__init__(use_listings_cache=False, **kwargs)
         self.master = master or os.environ.get("STRATA_MASTER") or DEFAULT_MASTER
+        self.wait_persisted = bool(wait_persisted)
+        self.persist_timeout = persist_timeout
         self._client = _native.Client(self.master, token)
 
     # ---- paths ----
@@ -181,6 +196,45 @@ class StrataFileSystem(AbstractFileSystem):
             __import__("hashlib").sha256(self.ukey(path).encode()).digest()[:8], "big"
         )
 
+    # ---- write-back ----
+
+    def sync(self, path, wait=False, timeout=DEFAULT_PERSIST_TIMEOUT, retry_failed=False):
+        """The files written to ``mode=write-back`` mounts at or under ``path`` that are not in
+        the UFS yet, as a list of dicts: ``path``, ``size``, ``state`` ("pending", "uploading"
+        or "failed"), ``error`` (why the last upload attempt failed, "" if none), ``holders``
+        (the worker ids whose journals hold it), ``uploader``, ``version`` (what ``info`` shows
+        until the upload), ``write_id``, ``committed`` (Unix seconds). An empty list: every one
+        is in the UFS. ``retry_failed`` queues uploads that gave up again.
+
+        With ``wait=True``: queues failed uploads again once, then blocks until every such file
+        is in the UFS and returns an empty list. Raises ``OSError`` (errno EIO) naming the file
+        and the UFS's reason if an upload gives up, ``TimeoutError`` naming what is still
+        pending after ``timeout`` seconds (None: no limit), ``KeyboardInterrupt`` at Ctrl-C.
+        Polls the master (from 20 ms up to every 0.5 s); nothing runs between polls, so forks and
+        other threads go on."""
+        path = self._strip_protocol(path)
+        if not wait:
+            return self._client.sync(path, bool(retry_failed))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = self._client.sync(path, True)
+        delay = 0.02
+        while pending:
+            failed = next((f for f in pending if f["state"] == "failed"), None)
+            if failed is not None:
+                raise OSError(errno.EIO, f"upload to the UFS failed: {failed['error'] or 'no reason given'} "
+                              f"(the file is still held by workers {', '.join(failed['holders'])}; "
+                              f"fs.sync(path, wait=True) tries again)", failed["path"])
+            if deadline is not None and time.monotonic() + delay > deadline:
+                first = pending[0]
+                last = f", last error: {first['error']}" if first["error"] else ""
+                raise TimeoutError(
+                    f"{len(pending)} file(s) at or under {path} still not in the UFS after {timeout} s "
+                    f"(e.g. {first['path']}: {first['state']}{last})")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            pending = self._client.sync(path, False)
+        return []
+
     def outage_counters(self):
         """What this process served while the master was unreachable (docs/METRICS.md): a dict
         of stale_stats, stale_listings, worker_stats, outages, started_from_worker."""
@@ -242,12 +296,26 @@ class StrataFileSystem(AbstractFileSystem):
         if mode in ("wb", "xb"):
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(path)
-            return StrataWriteFile(self, path)
+            return StrataWriteFile(self, path, wait_persisted=kwargs.get("wait_persisted"),
+                                   persist_timeout=kwargs.get("persist_timeout", _FS_DEFAULT))
         raise ValueError(f"unsupported mode {mode!r} (strata files are 'rb' or 'wb')")
 
-    # ---- writes (mounts with mode=write-through) ----
+    # ---- writes (mounts with mode=write-through or mode=write-back) ----
+
+    def _written(self, info, wait_persisted=None, persist_timeout=_FS_DEFAULT, **_):
+        """After a file was written (its info): waits for its upload when asked (the call's
+        ``wait_persisted`` and ``persist_timeout``, else the filesystem's); returns its info
+        then."""
+        wait = self.wait_persisted if wait_persisted is None else bool(wait_persisted)
+        if not wait or info["persist"] == "persisted":
+            return info
+        timeout = self.persist_timeout if persist_timeout is _FS_DEFAULT else persist_timeout
+        self.sync(info["name"], wait=True, timeout=timeout)
+        return self.info(info["name"])
 
     def put_file(self, lpath, rpath, callback=None, **kwargs):
+        """Writes a local file (on a write-back mount, waits for its upload if
+        ``wait_persisted``: the keyword or the filesystem's default)."""
         rpath = self._strip_protocol(rpath)
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
@@ -256,13 +324,15 @@ class StrataFileSystem(AbstractFileSystem):
         if callback is not None:
             callback.set_size(info["size"])
             callback.relative_update(info["size"])
+        self._written(info, **kwargs)
         return None
 
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
+        """Writes ``value`` as the whole file (waits for its upload as ``put_file`` does)."""
         path = self._strip_protocol(path)
         if mode == "create" and self.exists(path):
             raise FileExistsError(path)
-        self._client.pipe(path, value)
+        self._written(self._client.pipe(path, value), **kwargs)
 
     def rm_file(self, path):
         self._client.rm(self._strip_protocol(path), False)
@@ -373,15 +443,23 @@ class StrataReadFile(AbstractBufferedFile):
 
 
 class StrataWriteFile(io.RawIOBase):
-    """A Strata file open for writing: the bytes stream through a worker to the UFS, and the
-    file is replaced when ``close`` succeeds. Leaving a ``with`` block by an exception aborts
-    (the old file stays)."""
+    """A Strata file open for writing: the bytes stream through a worker to the UFS (on a
+    write-back mount, to the journals of ``write_replicas`` workers), and the file is replaced
+    when ``close`` succeeds. Leaving a ``with`` block by an exception aborts (the old file stays).
 
-    def __init__(self, fs: StrataFileSystem, path: str):
+    ``wait_persisted`` and ``persist_timeout`` (default: the filesystem's) make ``close`` also
+    wait until the file is in the UFS, as ``fs.sync(path, wait=True, timeout=persist_timeout)``;
+    if that fails, ``close`` raises its ``OSError``/``TimeoutError``, and the file stays written
+    (the workers hold it and go on uploading)."""
+
+    def __init__(self, fs: StrataFileSystem, path: str, wait_persisted: bool | None = None,
+                 persist_timeout: Any = _FS_DEFAULT):
         super().__init__()
         self.fs = fs
         self.path = path
         self.mode = "wb"
+        self.wait_persisted = fs.wait_persisted if wait_persisted is None else bool(wait_persisted)
+        self.persist_timeout = fs.persist_timeout if persist_timeout is _FS_DEFAULT else persist_timeout
         self._w = fs._client.open_write(path)
         self.info_after_close = None
 
@@ -405,11 +483,13 @@ class StrataWriteFile(io.RawIOBase):
         pass
 
     def close(self):
-        if not self.closed:
-            try:
-                self.info_after_close = self._w.close()
-            finally:
-                super().close()
+        if self.closed:
+            return
+        try:
+            self.info_after_close = self._w.close()
+        finally:
+            super().close()
+        self.info_after_close = self.fs._written(self.info_after_close, self.wait_persisted, self.persist_timeout)
 
     def discard(self):
         if not self.closed:
