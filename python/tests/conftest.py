@@ -7,6 +7,10 @@
 - /s3    a fresh prefix of the Garage bucket from $STRATA_TEST_S3_* (scripts/garage.sh),
          mode=write-through; without $STRATA_TEST_S3_* its tests fail with a pointer to
          ./test.sh (which starts Garage), as the Rust S3 tests do.
+- /wb    a local directory, mode=write-back with write_replicas=2 (both workers hold every
+         write in their journals; one uploads it to the directory in the background)
+- /s3wb  another fresh prefix of the same Garage bucket, mode=write-back, write_replicas=2
+         (only with $STRATA_TEST_S3_*, as /s3)
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ class Cluster:
         self.dir = Path(tempfile.mkdtemp(prefix="stratafs-test-"))
         self.data = self.dir / "data"
         self.ro = self.dir / "ro"
+        self.wb = self.dir / "wb"
         self.data.mkdir()
         self.ro.mkdir()
+        self.wb.mkdir()
         self.procs: list[subprocess.Popen] = []
         self.logs = []
         self.master = self._start_standalone()
@@ -50,6 +56,9 @@ class Cluster:
         self.cli("mount", "add", "/data", f"file://{self.data}", "-o", "mode=write-through",
                  "-o", "block_size=1MiB", "-o", "metadata_ttl=60s")
         self.cli("mount", "add", "/ro", f"file://{self.ro}", "-o", "block_size=1MiB")
+        write_back = ["-o", "mode=write-back", "-o", "write_replicas=2"]
+        self.cli("mount", "add", "/wb", f"file://{self.wb}", *write_back,
+                 "-o", "block_size=1MiB", "-o", "metadata_ttl=60s")
         self.s3 = None
         if os.environ.get("STRATA_TEST_S3_ENDPOINT"):
             prefix = f"stratafs-{uuid.uuid4().hex[:8]}"
@@ -60,12 +69,15 @@ class Cluster:
                 "secret": os.environ["STRATA_TEST_S3_SECRET_KEY"],
                 "region": os.environ.get("STRATA_TEST_S3_REGION", "garage"),
                 "prefix": prefix,
+                "wb_prefix": f"{prefix}-wb",
             }
-            self.cli("mount", "add", "/s3", f"s3://{self.s3['bucket']}/{prefix}",
-                     "-o", f"endpoint={self.s3['endpoint']}", "-o", f"region={self.s3['region']}",
-                     "-o", f"access_key_id={self.s3['key']}",
-                     "-o", f"secret_access_key={self.s3['secret']}",
-                     "-o", "mode=write-through", "-o", "block_size=1MiB", "-o", "metadata_ttl=60s")
+            for mount, prefix, mode in (("/s3", self.s3["prefix"], ["-o", "mode=write-through"]),
+                                        ("/s3wb", self.s3["wb_prefix"], write_back)):
+                self.cli("mount", "add", mount, f"s3://{self.s3['bucket']}/{prefix}",
+                         "-o", f"endpoint={self.s3['endpoint']}", "-o", f"region={self.s3['region']}",
+                         "-o", f"access_key_id={self.s3['key']}",
+                         "-o", f"secret_access_key={self.s3['secret']}",
+                         *mode, "-o", "block_size=1MiB", "-o", "metadata_ttl=60s")
 
     def _spawn(self, name, *args):
         log = open(self.dir / f"{name}.log", "w+")
@@ -142,12 +154,25 @@ def fs(cluster):
     return fsspec.filesystem("strata", master=cluster.master)
 
 
-@pytest.fixture(params=["data", "s3"])
-def mount(request, cluster):
-    """A writable mount: the local directory, then Garage."""
-    if request.param == "s3" and cluster.s3 is None:
+def _needs_s3(cluster):
+    if cluster.s3 is None:
         pytest.fail(
             "STRATA_TEST_S3_ENDPOINT is not set: the S3 half of these tests needs a real S3 server. "
             "./test.sh starts Garage and sets STRATA_TEST_S3_*; set them yourself for another endpoint"
         )
+
+
+@pytest.fixture(params=["data", "s3"])
+def mount(request, cluster):
+    """A writable mount: the local directory, then Garage."""
+    if request.param == "s3":
+        _needs_s3(cluster)
+    return "/" + request.param
+
+
+@pytest.fixture(params=["wb", "s3wb"])
+def wb_mount(request, cluster):
+    """A write-back mount: the local directory, then Garage."""
+    if request.param == "s3wb":
+        _needs_s3(cluster)
     return "/" + request.param
