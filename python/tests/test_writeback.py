@@ -223,7 +223,8 @@ def test_persist_state_sync_errors_and_retry(fs, cluster, blocked):
         f.write(last)
     assert f.info_after_close["persist"] in NOT_PERSISTED, f.info_after_close
 
-    # The UFS heals: sync queues the failed upload again and waits for it.
+    # The UFS heals: the uploads still retrying land, or sync queues them again if they gave
+    # up; older versions never overwrite the last one.
     unblock()
     assert fs.sync(path, wait=True, timeout=PERSIST_DEADLINE) == []
     assert ufs_read(cluster, path) == last, "the last acknowledged version lands"
