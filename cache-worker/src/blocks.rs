@@ -147,11 +147,11 @@ impl BlockService {
 
     /// A range of a write-back file not yet uploaded, from this worker's journal of it.
     async fn read_journal(&self, r: &BlockRead, at: &Located, write_id: &str) -> Result<Bytes, ServeError> {
+        // Uploaded (and its grace over) or replaced since the client learnt this version: the
+        // client re-reads the path's current one. The error names the path, as for a UFS change.
         let gone = || {
-            ServeError::Ufs(UfsError::VersionChanged(format!(
-                "{}: this worker holds no journal of version {} (uploaded since?)",
-                at.path, r.version
-            )))
+            tracing::debug!(path = %at.path, version = %r.version, "no journal of this version here");
+            ServeError::Ufs(UfsError::VersionChanged(at.path.clone()))
         };
         let journal = self.journal.get().ok_or_else(gone)?;
         let record = journal.get(write_id).ok_or_else(gone)?;

@@ -195,17 +195,21 @@ impl Client {
             }
             if tokio::time::Instant::now() + delay > deadline {
                 let first = &pending[0];
-                return Err(ClientError::unavailable(format!(
-                    "{} file(s) still not in the UFS after {timeout:?} (e.g. {}: {}{})",
-                    pending.len(),
-                    first.path,
-                    crate::Persist::from_proto(first.state).as_str(),
-                    if first.error.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", last error: {}", first.error)
-                    }
-                )));
+                // Not a worker that failed to serve: the files are safe, just not uploaded yet.
+                return Err(ClientError::Remote {
+                    kind: strata_common::ErrorKind::Unavailable,
+                    message: format!(
+                        "{} file(s) still not in the UFS after {timeout:?} (e.g. {}: {}{})",
+                        pending.len(),
+                        first.path,
+                        crate::Persist::from_proto(first.state).as_str(),
+                        if first.error.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", last error: {}", first.error)
+                        }
+                    ),
+                });
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_millis(500));
