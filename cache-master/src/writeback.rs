@@ -314,9 +314,11 @@ impl WriteBack {
         let mut orders = JournalOrders::default();
         // Uploads given to workers that are gone are free again.
         st.running.retain(|_, r| live.contains(&r.worker));
-        // A new master (restart, failover) learns which uploads run from the workers running them.
+        // A new master (restart, failover) learns which uploads run from the workers running
+        // them. Never one this master saw end: a heartbeat built before the worker cleared its
+        // flag can arrive after the upload's result, and must not bring it back.
         for j in held.iter().filter(|j| j.uploading) {
-            if !st.running.contains_key(&j.path) {
+            if !st.running.contains_key(&j.path) && !st.finished.contains(&j.write_id) {
                 let run =
                     Running { write_id: j.write_id.clone(), worker: worker.to_string(), deleted: false };
                 st.running.insert(j.path.clone(), run);
@@ -547,6 +549,22 @@ mod tests {
         assert_eq!(w.heartbeat("b", &held, &all), JournalOrders::default());
         clock.advance(Duration::from_secs(61));
         assert_eq!(w.heartbeat("b", &held, &all).drop, vec!["v1".to_string()]);
+    }
+
+    #[test]
+    fn a_stale_uploading_report_never_brings_back_an_upload_that_ended() {
+        let (w, _) = wb();
+        let all = live(&["a", "b"]);
+        assert!(commit(&w, "/m/f", "v1", &["a", "b"]));
+        w.upload_result("a", "/m/f", "v1", "", false, &all).unwrap();
+        assert!(commit(&w, "/m/f", "v2", &["a", "b"]));
+        w.upload_result("a", "/m/f", "v2", "", false, &all).unwrap();
+        // Built while v1 was uploading, delivered after both ended.
+        let stale = w.heartbeat("a", &[journal("v1", "/m/f", true, 5)], &all);
+        assert!(stale.upload.is_empty(), "{stale:?}");
+        let next = w.heartbeat("a", &[journal("v1", "/m/f", false, 5)], &all);
+        assert!(next.upload.is_empty(), "v1 must never be uploaded over v2: {next:?}");
+        assert!(w.under("/").is_empty());
     }
 
     #[test]
