@@ -70,6 +70,10 @@ struct Args {
     /// Rounds; each measures every step once, in the reverse order of the previous round.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Steps to run after the disk ceiling, comma-separated: write-back, write-through,
+    /// direct, parallel (default: all).
+    #[arg(long, value_delimiter = ',', default_value = "write-back,write-through,direct,parallel")]
+    steps: Vec<String>,
     /// Under file system: `s3` (STRATA_TEST_S3_*, e.g. Garage) or `fs` (a local directory; a
     /// quick check only: the "direct put" is then a file write).
     #[arg(long, default_value = "s3")]
@@ -93,6 +97,64 @@ fn load_average() -> String {
 
 fn mib_s(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / MIB as f64 / took.as_secs_f64()
+}
+
+/// A moment, with the CPU time this process has used by then (every thread: the client, the
+/// master, the workers and the disk-ceiling writers; not Garage, not `dd`).
+#[derive(Clone, Copy)]
+struct Mark {
+    wall: Instant,
+    cpu: f64,
+}
+
+/// Wall time and process CPU seconds between two moments.
+#[derive(Clone, Copy, Debug)]
+struct Spent {
+    wall: Duration,
+    /// NaN where it cannot be told apart (one writer among several).
+    cpu: f64,
+}
+
+impl Mark {
+    fn now() -> Self {
+        Self { wall: Instant::now(), cpu: process_cpu_secs() }
+    }
+
+    fn spent(&self) -> Spent {
+        Spent { wall: self.wall.elapsed(), cpu: process_cpu_secs() - self.cpu }
+    }
+}
+
+fn process_cpu_secs() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a plain struct we own; all-zero bytes are a valid rusage, so it
+    // is initialised even if the call failed.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// CPU seconds every core of the machine has been busy since boot (`/proc/stat`: everything
+/// but idle and I/O wait), to tell how much of a round's CPU went to other processes.
+fn machine_busy_secs() -> f64 {
+    // SAFETY: sysconf only reads a constant of the system.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy: f64 =
+        fields.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    busy / ticks
 }
 
 /// Writes back dirty pages (other steps' leftovers: Garage does not fsync) and lets the disk
@@ -122,73 +184,105 @@ fn device_of(dir: &Path) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// `dd` of `bytes` into a file in each of `dirs` at once; returns the time until all finished.
-fn dd(dirs: &[&Path], bytes: u64, direct: bool) -> Duration {
-    let count = bytes.div_ceil(DD_BLOCK);
+/// How a ceiling stream writes: `O_DIRECT` (the page cache bypassed), or buffered as a journal
+/// does. Both end with `fdatasync`, the durability a journal gives before its acknowledgement.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DiskWrite {
+    Direct,
+    Buffered,
+}
+
+/// Writes `bytes` of pattern bytes (not zeros: a virtual disk may treat those apart) in 8 MiB
+/// writes to a new file in each of `dirs` at once, then `fdatasync`s; returns the time until
+/// every stream is durable.
+fn disk_ceiling(dirs: &[&Path], bytes: u64, how: DiskWrite) -> Spent {
     let files: Vec<PathBuf> =
-        dirs.iter().enumerate().map(|(i, d)| d.join(format!("dd-ceiling-{i}"))).collect();
-    let started = Instant::now();
-    let children: Vec<_> = files
-        .iter()
-        .map(|f| {
-            let mut c = Command::new("dd");
-            c.arg("if=/dev/zero")
-                .arg(format!("of={}", f.display()))
-                .arg(format!("bs={}M", DD_BLOCK / MIB))
-                .arg(format!("count={count}"))
-                .arg(if direct { "oflag=direct" } else { "conv=fdatasync" })
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped());
-            c.spawn().expect("dd starts")
-        })
-        .collect();
-    for child in children {
-        let out = child.wait_with_output().expect("dd runs");
-        assert!(out.status.success(), "dd failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let took = started.elapsed();
+        dirs.iter().enumerate().map(|(i, d)| d.join(format!("disk-ceiling-{i}"))).collect();
+    let started = Mark::now();
+    std::thread::scope(|s| {
+        for (i, f) in files.iter().enumerate() {
+            s.spawn(move || write_stream(f, bytes, how, i as u64));
+        }
+    });
+    let took = started.spent();
     for f in &files {
         let _ = std::fs::remove_file(f);
     }
     took
 }
 
+fn write_stream(path: &Path, bytes: u64, how: DiskWrite, seed: u64) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    if how == DiskWrite::Direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let mut file = opts.open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // O_DIRECT wants the buffer aligned to the device's block: take an aligned window.
+    let mut backing = vec![0u8; (DD_BLOCK as usize) + PAGE];
+    let start = backing.as_ptr().align_offset(PAGE);
+    let buf = &mut backing[start..start + DD_BLOCK as usize];
+    fill_pattern(seed, 0, buf);
+    let mut left = bytes.div_ceil(DD_BLOCK) * DD_BLOCK;
+    while left > 0 {
+        file.write_all(buf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        left -= DD_BLOCK;
+    }
+    file.sync_data().unwrap_or_else(|e| panic!("{}: fdatasync: {e}", path.display()));
+}
+
+/// `dd if=/dev/zero bs=8M oflag=direct conv=fdatasync` of `bytes` into `dir`: the textbook
+/// figure, next to [`disk_ceiling`]'s.
+fn dd_zeros(dir: &Path, bytes: u64) -> Spent {
+    let file = dir.join("dd-ceiling");
+    let started = Mark::now();
+    let out = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", file.display()))
+        .arg(format!("bs={}M", DD_BLOCK / MIB))
+        .arg(format!("count={}", bytes.div_ceil(DD_BLOCK)))
+        .arg("oflag=direct")
+        .arg("conv=fdatasync")
+        .output()
+        .expect("dd runs");
+    let took = started.spent();
+    let _ = std::fs::remove_file(&file);
+    assert!(out.status.success(), "dd failed: {}", String::from_utf8_lossy(&out.stderr));
+    took
+}
+
 /// One file written through Strata: when its last `write` returned, when `close` did.
 struct Written {
-    started: Instant,
-    streamed: Duration,
-    acked: Duration,
+    started: Mark,
+    streamed: Spent,
+    acked: Spent,
     info: strata_client::FileInfo,
 }
 
 async fn write_file(client: &Client, path: &str, data: &[u8], write_size: u64) -> Written {
-    let started = Instant::now();
+    let started = Mark::now();
     let mut w = client.create(path).await.unwrap_or_else(|e| panic!("create {path}: {e}"));
     for chunk in data.chunks(write_size as usize) {
         w.write(chunk).await.unwrap_or_else(|e| panic!("write {path}: {e}"));
     }
-    let streamed = started.elapsed();
+    let streamed = started.spent();
     let info = w.close().await.unwrap_or_else(|e| panic!("close {path}: {e}"));
-    let acked = started.elapsed();
+    let acked = started.spent();
     assert_eq!(info.size, data.len() as u64, "{path}: size after close");
     Written { started, streamed, acked, info }
 }
 
 /// A multipart put of `data` straight to the UFS: `part`-byte parts, `in_flight` at a time.
-async fn direct_put(
-    op: &opendal::Operator,
-    path: &str,
-    data: &[u8],
-    part: u64,
-    in_flight: usize,
-) -> Duration {
-    let started = Instant::now();
+async fn direct_put(op: &opendal::Operator, path: &str, data: &[u8], part: u64, in_flight: usize) -> Spent {
+    let started = Mark::now();
     let mut w = op.writer_with(path).chunk(part as usize).concurrent(in_flight).await.expect("writer");
     for chunk in data.chunks(part as usize) {
         w.write(Bytes::copy_from_slice(chunk)).await.expect("put part");
     }
     w.close().await.expect("complete the upload");
-    started.elapsed()
+    started.spent()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -203,12 +297,26 @@ enum Step {
 const STEPS: [Step; 5] =
     [Step::WriteBack, Step::WriteThrough, Step::DirectTuned, Step::DirectSerial, Step::Parallel];
 
-/// What one round measured: seconds per figure.
+impl Step {
+    /// The `--steps` word that selects it.
+    fn name(self) -> &'static str {
+        match self {
+            Step::WriteBack => "write-back",
+            Step::WriteThrough => "write-through",
+            Step::DirectTuned | Step::DirectSerial => "direct",
+            Step::Parallel => "parallel",
+        }
+    }
+}
+
+/// What one round measured: time and CPU per figure.
 #[derive(Default)]
 struct Round {
     load_start: String,
     load_end: String,
-    secs: BTreeMap<&'static str, f64>,
+    /// Wall time, the machine's busy CPU and this process's CPU over the round.
+    whole: Option<(Spent, f64)>,
+    spent: BTreeMap<&'static str, Spent>,
 }
 
 struct Bench {
@@ -232,21 +340,25 @@ impl Bench {
         let size = self.args.size;
         let dirs: Vec<PathBuf> =
             (0..self.cluster.worker_count().min(2)).map(|i| self.cluster.nvme_dir(i)).collect();
-        let one = dd(&[&dirs[0]], size, true);
-        settle();
         let two: Vec<&Path> = (0..2).map(|i| dirs[i % dirs.len()].as_path()).collect();
-        let direct2 = dd(&two, size, true);
-        settle();
-        let buffered2 = dd(&two, size, false);
-        settle();
-        round.secs.insert("dd_direct_1", one.as_secs_f64());
-        round.secs.insert("dd_direct_2", direct2.as_secs_f64());
-        round.secs.insert("dd_fdatasync_2", buffered2.as_secs_f64());
+        let mut took = |key: &'static str, d: Spent| {
+            round.spent.insert(key, d);
+            settle();
+            d.wall
+        };
+        let one = took("disk_direct_1", disk_ceiling(&two[..1], size, DiskWrite::Direct));
+        let direct2 = took("disk_direct_2", disk_ceiling(&two, size, DiskWrite::Direct));
+        let buffered1 = took("disk_buffered_1", disk_ceiling(&two[..1], size, DiskWrite::Buffered));
+        let buffered2 = took("disk_buffered_2", disk_ceiling(&two, size, DiskWrite::Buffered));
+        let zeros = took("dd_zeros_1", dd_zeros(two[0], size));
         eprintln!(
-            "  dd O_DIRECT: 1 stream {:.0} MiB/s, 2 streams {:.0} MiB/s aggregate; buffered+fdatasync 2 streams {:.0} MiB/s",
+            "  disk, O_DIRECT + fdatasync: 1 stream {:.0} MiB/s, 2 streams {:.0} MiB/s aggregate; buffered + \
+             fdatasync, 1 stream {:.0} MiB/s, 2 streams {:.0} MiB/s; dd if=/dev/zero {:.0} MiB/s",
             mib_s(size, one),
             mib_s(2 * size, direct2),
-            mib_s(2 * size, buffered2)
+            mib_s(size, buffered1),
+            mib_s(2 * size, buffered2),
+            mib_s(size, zeros)
         );
     }
 
@@ -263,18 +375,19 @@ impl Bench {
                     "{path}: journals holding it"
                 );
                 self.client.sync_wait(&path, Duration::from_secs(1800)).await.expect("persisted");
-                let persisted = w.started.elapsed();
+                let persisted = w.started.spent();
                 let obj = self.op.stat(&format!("wb/ckpt-r{r}.bin")).await.expect("in the UFS");
                 assert_eq!(obj.content_length(), size);
-                round.secs.insert("wb_streamed", w.streamed.as_secs_f64());
-                round.secs.insert("wb_ack", w.acked.as_secs_f64());
-                round.secs.insert("wb_persisted", persisted.as_secs_f64());
+                round.spent.insert("wb_streamed", w.streamed);
+                round.spent.insert("wb_ack", w.acked);
+                round.spent.insert("wb_persisted", persisted);
                 eprintln!(
-                    "  write-back: streamed {:.2} s, ack {:.2} s ({:.0} MiB/s), persisted {:.2} s",
-                    w.streamed.as_secs_f64(),
-                    w.acked.as_secs_f64(),
-                    mib_s(size, w.acked),
-                    persisted.as_secs_f64()
+                    "  write-back: streamed {:.2} s, ack {:.2} s ({:.0} MiB/s, {:.1} CPU s), persisted {:.2} s",
+                    w.streamed.wall.as_secs_f64(),
+                    w.acked.wall.as_secs_f64(),
+                    mib_s(size, w.acked.wall),
+                    w.acked.cpu,
+                    persisted.wall.as_secs_f64()
                 );
                 self.client.delete(&path, false).await.expect("delete");
             }
@@ -283,11 +396,11 @@ impl Bench {
                 let w = write_file(&self.client, &path, &self.data, self.args.write_size).await;
                 let obj = self.op.stat(&format!("wt/ckpt-r{r}.bin")).await.expect("in the UFS");
                 assert_eq!(obj.content_length(), size);
-                round.secs.insert("wt_ack", w.acked.as_secs_f64());
+                round.spent.insert("wt_ack", w.acked);
                 eprintln!(
                     "  write-through: ack {:.2} s ({:.0} MiB/s)",
-                    w.acked.as_secs_f64(),
-                    mib_s(size, w.acked)
+                    w.acked.wall.as_secs_f64(),
+                    mib_s(size, w.acked.wall)
                 );
                 self.client.delete(&path, false).await.expect("delete");
             }
@@ -300,12 +413,12 @@ impl Bench {
                 let path = format!("direct/{key}-r{r}.bin");
                 let took = direct_put(&self.op, &path, &self.data, part, in_flight).await;
                 assert_eq!(self.op.stat(&path).await.expect("stat").content_length(), size);
-                round.secs.insert(key, took.as_secs_f64());
+                round.spent.insert(key, took);
                 eprintln!(
                     "  direct put, {} MiB parts x{in_flight}: {:.2} s ({:.0} MiB/s)",
                     part / MIB,
-                    took.as_secs_f64(),
-                    mib_s(size, took)
+                    took.wall.as_secs_f64(),
+                    mib_s(size, took.wall)
                 );
                 self.op.delete(&path).await.expect("delete");
             }
@@ -313,7 +426,7 @@ impl Bench {
                 let n = self.args.writers;
                 let each = size / n;
                 let dir = format!("/wb/par-r{r}");
-                let started = Instant::now();
+                let started = Mark::now();
                 let tasks: Vec<_> = (0..n)
                     .map(|i| {
                         let (client, data, write_size) =
@@ -327,20 +440,20 @@ impl Bench {
                     .collect();
                 let mut last_stream = Duration::ZERO;
                 for t in tasks {
-                    last_stream = last_stream.max(t.await.expect("writer").streamed);
+                    last_stream = last_stream.max(t.await.expect("writer").streamed.wall);
                 }
-                let acked = started.elapsed();
+                let acked = started.spent();
                 self.client.sync_wait(&dir, Duration::from_secs(1800)).await.expect("persisted");
-                let persisted = started.elapsed();
-                round.secs.insert("par_streamed", last_stream.as_secs_f64());
-                round.secs.insert("par_ack", acked.as_secs_f64());
-                round.secs.insert("par_persisted", persisted.as_secs_f64());
+                let persisted = started.spent();
+                round.spent.insert("par_streamed", Spent { wall: last_stream, cpu: f64::NAN });
+                round.spent.insert("par_ack", acked);
+                round.spent.insert("par_persisted", persisted);
                 eprintln!(
                     "  {n} write-back writers x {} MiB: all acked {:.2} s ({:.0} MiB/s aggregate), persisted {:.2} s",
                     each / MIB,
-                    acked.as_secs_f64(),
-                    mib_s(each * n, acked),
-                    persisted.as_secs_f64()
+                    acked.wall.as_secs_f64(),
+                    mib_s(each * n, acked.wall),
+                    persisted.wall.as_secs_f64()
                 );
                 self.client.delete(&dir, true).await.expect("delete");
             }
@@ -368,12 +481,12 @@ fn report(args: &Args, rounds: &[Round]) -> serde_json::Value {
     let each = size / args.writers;
     let mut all = Vec::new();
     for (r, round) in rounds.iter().enumerate() {
-        let s = |k: &str| round.secs[k];
+        // Figures of skipped steps are NaN and their rows left out.
+        let s = |k: &str| round.spent.get(k).map_or(f64::NAN, |t| t.wall.as_secs_f64());
+        let cpu = |k: &str| round.spent.get(k).map_or(f64::NAN, |t| t.cpu);
         let rate = |bytes: u64, k: &str| bytes as f64 / MIB as f64 / s(k);
-        let disk1 = rate(size, "dd_direct_1");
-        let disk2 = rate(2 * size, "dd_direct_2");
-        let ack_ceiling = disk1 / replicas;
-        let ack_ceiling2 = disk2 / replicas;
+        let ack_ceiling = rate(size, "disk_direct_1") / replicas;
+        let ack_ceiling2 = rate(2 * size, "disk_direct_2") / replicas;
         let direct = rate(size, "direct_16x4");
         println!();
         println!(
@@ -385,69 +498,93 @@ fn report(args: &Args, rounds: &[Round]) -> serde_json::Value {
             args.write_replicas,
             args.workers
         );
+        if let Some((spent, machine)) = round.whole {
+            println!(
+                "CPU over the round: {:.0} s wall x {} cores; busy {machine:.0} s, of which this process {:.0} s \
+                 (the rest: Garage, kernel threads, other processes)",
+                spent.wall.as_secs_f64(),
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+                spent.cpu
+            );
+        }
+        let direct_head = if direct.is_finite() { format!("{direct:.0}") } else { "not run".into() };
         println!(
-            "| figure | seconds | MiB/s | x ack ceiling ({ack_ceiling:.0}) | x ack ceiling, 2 streams ({ack_ceiling2:.0}) | x direct put ({direct:.0}) |"
+            "| figure | seconds | CPU s | MiB/s | x ack ceiling ({ack_ceiling:.0}) | x ack ceiling, 2 streams \
+             ({ack_ceiling2:.0}) | x direct put ({direct_head}) |"
         );
-        println!("| --- | --- | --- | --- | --- | --- |");
-        let row = |name: String, k: &str, bytes: u64, ratios: bool| {
-            let v = rate(bytes, k);
-            let (a, b, c) = if ratios {
-                (
-                    format!("{:.2}x", v / ack_ceiling),
-                    format!("{:.2}x", v / ack_ceiling2),
-                    format!("{:.2}x", v / direct),
-                )
-            } else {
-                (String::new(), String::new(), String::new())
-            };
-            println!("| {name} | {:.2} | {v:.0} | {a} | {b} | {c} |", s(k));
-            json!({"figure": name, "key": k, "seconds": s(k), "mib_s": v})
-        };
-        let mut rows = vec![
-            row("disk: dd O_DIRECT bs=8M, 1 stream".into(), "dd_direct_1", size, false),
-            row("disk: dd O_DIRECT, 2 streams at once (aggregate)".into(), "dd_direct_2", 2 * size, false),
-            row(
-                "disk: dd conv=fdatasync, 2 streams at once (aggregate)".into(),
-                "dd_fdatasync_2",
-                2 * size,
-                false,
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        let disk = |name: &str, k: &'static str, bytes: u64| (name.to_string(), k, bytes, false);
+        let strata = |name: String, k: &'static str, bytes: u64| (name, k, bytes, true);
+        let figures = [
+            disk("disk: O_DIRECT 8 MiB writes + fdatasync, 1 stream", "disk_direct_1", size),
+            disk("disk: O_DIRECT, 2 streams at once (aggregate)", "disk_direct_2", 2 * size),
+            disk("disk: buffered 8 MiB writes + fdatasync (as a journal), 1 stream", "disk_buffered_1", size),
+            disk("disk: buffered + fdatasync, 2 streams at once (aggregate)", "disk_buffered_2", 2 * size),
+            disk("disk: dd if=/dev/zero bs=8M oflag=direct conv=fdatasync", "dd_zeros_1", size),
+            strata("write-back: last write returned".into(), "wb_streamed", size),
+            strata("write-back: acknowledged (close returned)".into(), "wb_ack", size),
+            strata("write-back: persisted (sync_wait returned, from create)".into(), "wb_persisted", size),
+            strata("write-through: acknowledged (close returned)".into(), "wt_ack", size),
+            strata("direct put: 16 MiB parts, 4 in flight".into(), "direct_16x4", size),
+            strata("direct put: 8 MiB parts, 1 in flight (a worker's UFS writer)".into(), "direct_8x1", size),
+            strata(
+                format!("{} write-back writers x {} MiB: last write returned", args.writers, each / MIB),
+                "par_streamed",
+                each * args.writers,
             ),
-            row("write-back: last write returned".into(), "wb_streamed", size, true),
-            row("write-back: acknowledged (close returned)".into(), "wb_ack", size, true),
-            row("write-back: persisted (sync_wait returned, from create)".into(), "wb_persisted", size, true),
-            row("write-through: acknowledged (close returned)".into(), "wt_ack", size, true),
-            row("direct put: 16 MiB parts, 4 in flight".into(), "direct_16x4", size, true),
-            row(
-                "direct put: 8 MiB parts, 1 in flight (a worker's UFS writer)".into(),
-                "direct_8x1",
-                size,
-                true,
-            ),
-            row(
+            strata(
                 format!("{} write-back writers x {} MiB: all acknowledged", args.writers, each / MIB),
                 "par_ack",
                 each * args.writers,
-                true,
             ),
-            row(
+            strata(
                 format!("{} write-back writers: all persisted", args.writers),
                 "par_persisted",
                 each * args.writers,
-                true,
             ),
         ];
-        rows.push(json!({"figure": "write-back: close alone (fsync + commit)", "seconds": s("wb_ack") - s("wb_streamed")}));
-        println!(
-            "write-back ack: {:.2}x of the ack ceiling (1-stream O_DIRECT / {replicas}), {:.2}x with 2 streams, {:.2}x the direct put's rate; \
-             streaming {:.2} s + close (journal fsync, commit) {:.2} s",
-            rate(size, "wb_ack") / ack_ceiling,
-            rate(size, "wb_ack") / ack_ceiling2,
-            rate(size, "wb_ack") / direct,
-            s("wb_streamed"),
-            s("wb_ack") - s("wb_streamed")
-        );
+        let mut rows = Vec::new();
+        for (name, k, bytes, ratios) in figures {
+            if !round.spent.contains_key(k) {
+                continue;
+            }
+            let v = rate(bytes, k);
+            let ratio =
+                |c: f64| if ratios && c.is_finite() { format!("{:.2}x", v / c) } else { String::new() };
+            let cpu_s = if cpu(k).is_finite() { format!("{:.1}", cpu(k)) } else { String::new() };
+            println!(
+                "| {name} | {:.2} | {cpu_s} | {v:.0} | {} | {} | {} |",
+                s(k),
+                ratio(ack_ceiling),
+                ratio(ack_ceiling2),
+                ratio(direct)
+            );
+            let cpu_json = if cpu(k).is_finite() { json!(cpu(k)) } else { json!(null) };
+            rows.push(
+                json!({"figure": name, "key": k, "seconds": s(k), "cpu_seconds": cpu_json, "mib_s": v}),
+            );
+        }
+        if round.spent.contains_key("wb_ack") {
+            let wb = rate(size, "wb_ack");
+            let vs_direct = if direct.is_finite() {
+                format!(", {:.2}x the direct put's rate", wb / direct)
+            } else {
+                String::new()
+            };
+            println!(
+                "write-back ack: {:.2}x of the ack ceiling (1-stream O_DIRECT / {replicas}), {:.2}x with 2 \
+                 streams{vs_direct}; streaming {:.2} s + close (journal fsync, commit) {:.2} s",
+                wb / ack_ceiling,
+                wb / ack_ceiling2,
+                s("wb_streamed"),
+                s("wb_ack") - s("wb_streamed")
+            );
+        }
+        let (wall, cpu_process, cpu_machine) =
+            round.whole.map_or((f64::NAN, f64::NAN, f64::NAN), |(t, m)| (t.wall.as_secs_f64(), t.cpu, m));
         all.push(json!({
             "round": r + 1, "load_start": round.load_start, "load_end": round.load_end,
+            "round_seconds": wall, "round_cpu_process_seconds": cpu_process, "round_cpu_machine_busy_seconds": cpu_machine,
             "ack_ceiling_mib_s": ack_ceiling, "ack_ceiling_2_streams_mib_s": ack_ceiling2,
             "direct_put_mib_s": direct, "rows": rows,
         }));
@@ -524,9 +661,11 @@ async fn main() {
     let mut rounds = Vec::new();
     for r in 0..bench.args.rounds {
         let mut round = Round { load_start: load_average(), ..Round::default() };
+        let (started, machine) = (Mark::now(), machine_busy_secs());
         eprintln!("round {} (load {})", r + 1, round.load_start);
         bench.ceilings(&mut round);
-        let mut order = STEPS.to_vec();
+        let mut order: Vec<Step> =
+            STEPS.into_iter().filter(|s| bench.args.steps.iter().any(|w| w == s.name())).collect();
         if r % 2 == 1 {
             order.reverse();
         }
@@ -534,6 +673,7 @@ async fn main() {
             bench.step(step, r, &mut round).await;
         }
         round.load_end = load_average();
+        round.whole = Some((started.spent(), machine_busy_secs() - machine));
         rounds.push(round);
     }
     let v = report(&bench.args, &rounds);
