@@ -11,9 +11,10 @@
 //! NVMe tier and write-back journal in a temporary directory on this machine's disk) and mounts
 //! two prefixes of the same bucket: `/wb` (`mode=write-back`, `write_replicas`) and `/wt`
 //! (`mode=write-through`). Each round measures, with `sync` and a pause between steps:
-//! - the disk ceiling: `dd if=/dev/zero bs=8M oflag=direct` of `--size` bytes into the journal's
-//!   file system, one stream, then two streams at once (aggregate), then two buffered streams
-//!   with `conv=fdatasync` (what two journals do: write, then fsync at the end);
+//! - the disk ceiling in the journal's file system: 8 MiB writes of `--size` pattern bytes with
+//!   `O_DIRECT`, then `fdatasync`, one stream and two at once (aggregate); the same buffered
+//!   (what a journal does: write, then fsync at the end), one and two streams; and
+//!   `dd if=/dev/zero bs=8M oflag=direct conv=fdatasync` as a cross-check;
 //! - write-back: `create`/`write`/`close` of one `--size` file (the acknowledgement: every
 //!   replica's journal fsynced and the master told), split into streaming (until the last
 //!   `write` returned) and `close`; then until `sync_wait` returns (persisted in the UFS);
@@ -25,8 +26,9 @@
 //!
 //! Every step writes bytes no other step wrote (a per-step stamp in each 4 KiB page), so an
 //! object store that deduplicates blocks (Garage does) stores each step anew. Steps alternate
-//! their order from round to round. The ack ceiling is the disk's O_DIRECT rate divided by
-//! `write_replicas`: on one machine every replica's journal is on the same disk.
+//! their order from round to round. The ack ceiling is the disk's 1-stream O_DIRECT rate divided
+//! by `write_replicas`: on one machine every replica's journal is on the same disk. Every figure
+//! carries the CPU seconds this process (client, master, workers; not Garage) used meanwhile.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +43,7 @@ use strata_client::Client;
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
 
 const MIB: u64 = 1 << 20;
-/// `dd` block size, and the bytes per `write` of a direct put part.
+/// Bytes per `write` of the disk ceiling, and `dd`'s block size.
 const DD_BLOCK: u64 = 8 * MIB;
 /// Bytes of a page that carry the step's stamp.
 const PAGE: usize = 4096;
@@ -225,10 +227,12 @@ fn write_stream(path: &Path, bytes: u64, how: DiskWrite, seed: u64) {
     let start = backing.as_ptr().align_offset(PAGE);
     let buf = &mut backing[start..start + DD_BLOCK as usize];
     fill_pattern(seed, 0, buf);
-    let mut left = bytes.div_ceil(DD_BLOCK) * DD_BLOCK;
+    // Whole pages (O_DIRECT wants them): at most a page more than asked.
+    let mut left = bytes.div_ceil(PAGE as u64) * PAGE as u64;
     while left > 0 {
-        file.write_all(buf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        left -= DD_BLOCK;
+        let n = left.min(DD_BLOCK) as usize;
+        file.write_all(&buf[..n]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        left -= n as u64;
     }
     file.sync_data().unwrap_or_else(|e| panic!("{}: fdatasync: {e}", path.display()));
 }
@@ -603,6 +607,12 @@ async fn main() {
         "--writers must be between 1 and the size in bytes"
     );
     assert!(args.workers as u32 >= args.write_replicas, "--workers must be at least --write-replicas");
+    for step in &args.steps {
+        assert!(
+            STEPS.iter().any(|s| s.name() == step),
+            "--steps {step}: expected write-back, write-through, direct or parallel"
+        );
+    }
     println!("load average at start: {}", load_average());
     let ufs = match args.ufs.as_str() {
         "s3" => TestUfs::s3(),
