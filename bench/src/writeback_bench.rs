@@ -20,7 +20,7 @@
 //!   `write` returned) and `close`; then until `sync_wait` returns (persisted in the UFS);
 //! - write-through: the same file through `/wt` (acknowledged once the UFS has it);
 //! - a direct multipart put of the same bytes with opendal: 16 MiB parts 4 in flight (a tuned
-//!   client), and 8 MiB parts 1 in flight (what a worker's UFS writer does);
+//!   client), and 8 MiB parts 4 in flight (what a worker's UFS writer does, ufs/src/write.rs);
 //! - `--writers` concurrent write-back writers of `--size / --writers` bytes each: aggregate
 //!   acknowledgement rate and the time until all are persisted.
 //!
@@ -294,12 +294,12 @@ enum Step {
     WriteBack,
     WriteThrough,
     DirectTuned,
-    DirectSerial,
+    DirectAsWorker,
     Parallel,
 }
 
 const STEPS: [Step; 5] =
-    [Step::WriteBack, Step::WriteThrough, Step::DirectTuned, Step::DirectSerial, Step::Parallel];
+    [Step::WriteBack, Step::WriteThrough, Step::DirectTuned, Step::DirectAsWorker, Step::Parallel];
 
 impl Step {
     /// The `--steps` word that selects it.
@@ -307,7 +307,7 @@ impl Step {
         match self {
             Step::WriteBack => "write-back",
             Step::WriteThrough => "write-through",
-            Step::DirectTuned | Step::DirectSerial => "direct",
+            Step::DirectTuned | Step::DirectAsWorker => "direct",
             Step::Parallel => "parallel",
         }
     }
@@ -408,11 +408,11 @@ impl Bench {
                 );
                 self.client.delete(&path, false).await.expect("delete");
             }
-            Step::DirectTuned | Step::DirectSerial => {
+            Step::DirectTuned | Step::DirectAsWorker => {
                 let (key, part, in_flight) = if step == Step::DirectTuned {
                     ("direct_16x4", 16 * MIB, 4)
                 } else {
-                    ("direct_8x1", 8 * MIB, 1)
+                    ("direct_8x4", 8 * MIB, 4)
                 };
                 let path = format!("direct/{key}-r{r}.bin");
                 let took = direct_put(&self.op, &path, &self.data, part, in_flight).await;
@@ -530,7 +530,7 @@ fn report(args: &Args, rounds: &[Round]) -> serde_json::Value {
             strata("write-back: persisted (sync_wait returned, from create)".into(), "wb_persisted", size),
             strata("write-through: acknowledged (close returned)".into(), "wt_ack", size),
             strata("direct put: 16 MiB parts, 4 in flight".into(), "direct_16x4", size),
-            strata("direct put: 8 MiB parts, 1 in flight (a worker's UFS writer)".into(), "direct_8x1", size),
+            strata("direct put: 8 MiB parts, 4 in flight (a worker's UFS writer)".into(), "direct_8x4", size),
             strata(
                 format!("{} write-back writers x {} MiB: last write returned", args.writers, each / MIB),
                 "par_streamed",
