@@ -9,6 +9,7 @@
 //! ```
 
 use std::time::{Duration, Instant};
+use strata_bench::load_average;
 
 use clap::Parser;
 use strata_common::frame::{self, RESPONSE_HEADER_LEN, ResponseHeader};
@@ -30,12 +31,6 @@ struct Args {
     /// Rounds, alternating the two clusters.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// One connection: connect, present `token`, ask for the worker's view, read the answer whole.

@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use strata_bench::load_average;
 
 use clap::Parser;
 use strata_client::{Client, ClientConfig};
@@ -76,12 +77,6 @@ fn etcd_healthy(port: u16) -> bool {
     write!(s, "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_ok()
         && s.read_to_string(&mut out).is_ok()
         && out.contains("\"health\":\"true\"")
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 #[tokio::main]

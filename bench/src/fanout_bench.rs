@@ -27,6 +27,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_bench::load_average;
 
 use clap::Parser;
 use serde_json::{Value, json};
@@ -74,13 +75,6 @@ struct Args {
     /// Write every figure as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-/// The 1-, 5- and 15-minute load averages.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 fn mib_s(bytes: u64, took: Duration) -> f64 {

@@ -8,6 +8,14 @@ use strata_testkit::fill_pattern;
 
 const MIB: u64 = 1 << 20;
 
+/// The machine's 1, 5 and 15-minute load averages, as `/proc/loadavg` says them ("?" when it
+/// cannot be read): every figure is reported with the load it was measured under.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
 /// Writes `size` bytes of `fill_pattern(seed, ..)` to `path`, 16 MiB parts, 4 in flight.
 pub async fn put_pattern_object(op: &opendal::Operator, path: &str, size: u64, seed: u64) {
     let mut writer = op.writer_with(path).chunk(16 << 20).concurrent(4).await.expect("writer");

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_bench::load_average;
 
 use clap::Parser;
 use strata_bench::counting::{Counting, live};
@@ -68,12 +69,6 @@ fn file_id(f: u64) -> String {
 
 fn version(f: u64) -> String {
     format!("\"{:032x}\"", u128::from(f).wrapping_mul(0x2545_F491_4F6C_DD1D_0000_0001))
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// A client of the master presenting `token` on every call (the token check is part of what is

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_bench::load_average;
 
 use bytes::Bytes;
 use clap::Parser;
@@ -89,12 +90,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
     strata_common::units::parse_size(s)
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("{s:?}: expected a size such as 2GiB"))
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 fn mib_s(bytes: u64, took: Duration) -> f64 {
