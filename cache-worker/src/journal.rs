@@ -356,6 +356,15 @@ impl DiskWriter {
         if let Some(e) = self.error.get() {
             return Err(e);
         }
+        let result = self.write_tail_and_sync();
+        if let Err(e) = &result {
+            self.error.set(e);
+            self.failed = true;
+        }
+        result
+    }
+
+    fn write_tail_and_sync(&mut self) -> io::Result<(u64, u32)> {
         let len = self.flushed + self.filled as u64;
         if self.direct && self.filled > 0 {
             // The tail, padded to the alignment, then the file cut to its length.
@@ -376,8 +385,13 @@ impl DiskWriter {
                     let _ = reply.send(self.written());
                 }
                 Cmd::Finish(reply) => {
-                    let _ = reply.send(self.finish());
-                    return;
+                    let finished = self.finish();
+                    let ok = finished.is_ok();
+                    let _ = reply.send(finished);
+                    if ok {
+                        return;
+                    }
+                    // Failed (a full disk): the bytes stay available to `Written`.
                 }
             }
         }
@@ -423,12 +437,14 @@ impl JournalWriter {
     }
 
     /// Makes the journal durable: data written and synced, then the record written, fsynced
-    /// and renamed into place, then the directory fsynced.
-    pub async fn finish(mut self, mtime_ms: i64) -> io::Result<JournalRecord> {
+    /// and renamed into place, then the directory fsynced. When it fails the writer stays, so
+    /// that the bytes can still be written elsewhere ([`written`](Self::written)).
+    pub async fn finish(&mut self, mtime_ms: i64) -> io::Result<JournalRecord> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let tx = self.tx.take().ok_or_else(Self::gone)?;
+        let tx = self.tx.as_ref().ok_or_else(Self::gone)?;
         tx.send(Cmd::Finish(reply)).await.map_err(|_| Self::gone())?;
         let (size, crc32c) = answer.await.map_err(|_| Self::gone())??;
+        self.tx = None;
         let record = JournalRecord {
             write_id: self.write_id.clone(),
             path: self.path.clone(),

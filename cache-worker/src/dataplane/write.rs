@@ -356,17 +356,26 @@ where
     }
     let mtime_ms = strata_common::clock::system().wall_ms();
     let outcome = match sink {
-        Some(Sink::Journal(j)) => {
-            let durable = j.finish(mtime_ms).await.map_err(|e| {
-                let kind = if is_disk_full(&e) { ErrorKind::ResourceExhausted } else { ErrorKind::Internal };
-                (kind, format!("{}: write-back journal: {e}", resolved.path))
-            });
-            match durable {
-                Err(e) => Err(e),
-                Ok(_) if !primary => Ok(()),
-                Ok(record) => commit_primary(wb, resolved, copy, record.size, mtime_ms, replicas).await,
+        Some(Sink::Journal(mut j)) => match j.finish(mtime_ms).await {
+            Ok(_) if !primary => Ok(()),
+            Ok(record) => commit_primary(wb, resolved, copy, record.size, mtime_ms, replicas).await,
+            // The disk filled up with the last bytes (they are written behind the stream).
+            Err(e) if is_disk_full(&e) && primary && options.on_full == OnFull::WriteThrough => {
+                metrics::counter!(m::WRITEBACK_DISK_FULL, "fallback" => "write-through").increment(1);
+                match switch_to_ufs(resolved, Some(Sink::Journal(j)), Bytes::new()).await {
+                    Ok(mut w) => match w.close().await {
+                        Ok(()) => commit_through(wb, resolved, copy, mtime_ms).await,
+                        Err(e) => Err((e.kind(), format!("{}: {e}", resolved.path))),
+                    },
+                    Err(f) => Err((f.kind, f.message)),
+                }
             }
-        }
+            Err(e) if is_disk_full(&e) => {
+                metrics::counter!(m::WRITEBACK_DISK_FULL, "fallback" => "refused").increment(1);
+                Err((ErrorKind::ResourceExhausted, full_message(&e)))
+            }
+            Err(e) => Err((ErrorKind::Internal, format!("{}: write-back journal: {e}", resolved.path))),
+        },
         Some(Sink::Through(mut w)) => match w.close().await {
             Ok(()) => commit_through(wb, resolved, copy, mtime_ms).await,
             Err(e) => Err((e.kind(), format!("{}: {e}", resolved.path))),
@@ -416,7 +425,9 @@ async fn switch_to_ufs(
         writer.write(so_far).await.map_err(ufs_err)?;
         // `j` drops here, deleting the partial journal.
     }
-    writer.write(data).await.map_err(ufs_err)?;
+    if !data.is_empty() {
+        writer.write(data).await.map_err(ufs_err)?;
+    }
     Ok(writer)
 }
 
