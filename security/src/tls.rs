@@ -199,8 +199,19 @@ impl ServerTls {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
+        self.accept_within(io, HANDSHAKE_TIMEOUT).await
+    }
+
+    async fn accept_within<IO>(
+        &self,
+        io: IO,
+        deadline: Duration,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<IO>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
         let accept = tokio_rustls::TlsAcceptor::from(self.config.clone()).accept(io).into_fallible();
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
+        match tokio::time::timeout(deadline, accept).await {
             Ok(Ok(stream)) => Ok(stream),
             Ok(Err((e, mut io))) => {
                 // The alert saying why (a client certificate refused) is on its way to the peer,
@@ -216,10 +227,7 @@ impl ServerTls {
                 let _ = tokio::time::timeout(std::time::Duration::from_millis(200), drain).await;
                 Err(handshake_error("TLS handshake failed", e))
             }
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("TLS handshake not done within {} s", HANDSHAKE_TIMEOUT.as_secs()),
-            )),
+            Err(_) => Err(handshake_timed_out(deadline)),
         }
     }
 }
@@ -264,18 +272,27 @@ impl ClientTls {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
+        self.connect_within(addr, io, HANDSHAKE_TIMEOUT).await
+    }
+
+    async fn connect_within<IO>(
+        &self,
+        addr: &str,
+        io: IO,
+        deadline: Duration,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<IO>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
         let name = self
             .server_name_for(addr)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let connect = tokio_rustls::TlsConnector::from(self.config.clone()).connect(name, io);
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
+        match tokio::time::timeout(deadline, connect).await {
             Ok(result) => {
                 result.map_err(|e| handshake_error("TLS handshake failed (does the server speak TLS?)", e))
             }
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("TLS handshake not done within {} s", HANDSHAKE_TIMEOUT.as_secs()),
-            )),
+            Err(_) => Err(handshake_timed_out(deadline)),
         }
     }
 }
@@ -295,6 +312,13 @@ fn host_of(addr: &str) -> &str {
         Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => host,
         _ => addr,
     }
+}
+
+fn handshake_timed_out(deadline: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("TLS handshake not done within {:.1} s", deadline.as_secs_f64()),
+    )
 }
 
 fn handshake_error(what: &str, e: std::io::Error) -> std::io::Error {
@@ -453,6 +477,26 @@ mod tests {
         let bad_name =
             TlsConfig { server_name: Some("not a name!".into()), ..server(&f, "cert.pem", "key.pem") };
         assert!(matches!(bad_name.client(), Err(TlsError::ServerName(_))));
+    }
+
+    /// A peer that connects and says nothing (or a server that never answers) is given up on
+    /// at the deadline, on both sides, with an error that says so.
+    #[tokio::test]
+    async fn a_silent_peer_times_out_the_handshake() {
+        let f = files();
+        let config = server(&f, "cert.pem", "key.pem");
+        let (server, client) = (config.server().unwrap().unwrap(), config.client().unwrap().unwrap());
+        let deadline = Duration::from_millis(200);
+
+        let (_silent_client, io) = tokio::io::duplex(1 << 16);
+        let err = server.accept_within(io, deadline).await.expect_err("a silent client");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("TLS handshake not done within 0.2 s"), "{err}");
+
+        let (_silent_server, io) = tokio::io::duplex(1 << 16);
+        let err = client.connect_within("127.0.0.1:7", io, deadline).await.expect_err("a silent server");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("TLS handshake not done within 0.2 s"), "{err}");
     }
 
     #[test]
