@@ -20,7 +20,7 @@ stratafs_tests() {
   if ! "$py" -m pip --version >/dev/null 2>&1; then
     pip=(python3 -m pip --python "$py")
   fi
-  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pyarrow pandas torch
+  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pytest-timeout pyarrow pandas torch
   # The dev profile and the shared target dir reuse the dependencies the test build compiled
   # (those whose features agree: cargo unifies features per invocation, so crates that other
   # workspace members enable extra features of are compiled once more for this build).
@@ -28,5 +28,6 @@ stratafs_tests() {
   "$venv/bin/maturin" build --profile dev --manifest-path python/Cargo.toml -i "$py" \
     --out target/stratafs-wheel
   "${pip[@]}" install -q --disable-pip-version-check --force-reinstall --no-deps target/stratafs-wheel/stratafs-*.whl
-  STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider python/tests
+  # --timeout: a hanging test fails by name instead of holding CI.
+  STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider --timeout 900 python/tests
 }
