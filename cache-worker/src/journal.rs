@@ -8,7 +8,8 @@
 //! data without a record (a write cut off before it was durable) is deleted, never uploaded;
 //! a record whose data is missing or of the wrong length is deleted with its data.
 //!
-//! Blocking file calls run on the blocking pool, never on a runtime thread.
+//! Blocking file calls run on the blocking pool or the journal's writer threads, never on a
+//! runtime thread.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -20,6 +21,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::{info, warn};
 
 /// What a durable journal holds.
@@ -135,21 +137,8 @@ impl Journal {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("write {write_id} exists")));
         }
         let file_path = self.data_path(write_id);
-        let opened = file_path.clone();
-        let (file, direct) = blocking(move || open_journal_file(&opened)).await?;
-        let error = Arc::new(FirstError::default());
-        let (tx, rx) = tokio::sync::mpsc::channel(QUEUED);
-        let disk = DiskWriter::new(file, file_path, direct, error.clone());
-        tokio::task::spawn_blocking(move || disk.run(rx));
-        Ok(JournalWriter {
-            journal: self.clone(),
-            tx: Some(tx),
-            error,
-            write_id: write_id.to_string(),
-            path: path.to_string(),
-            len: 0,
-            done: false,
-        })
+        let (file, direct) = blocking(move || open_journal_file(&file_path)).await?;
+        Ok(JournalWriter::start(self.clone(), file, direct, write_id, path))
     }
 
     pub fn get(&self, write_id: &str) -> Option<JournalRecord> {
@@ -195,70 +184,163 @@ impl Journal {
     }
 }
 
-/// Bytes a journal writer holds before it writes them (one `O_DIRECT` write).
+/// Bytes of one journal write. The data plane receives a file's bytes straight into aligned
+/// buffers of this size and each full one goes to disk in one `pwrite` (`O_DIRECT` where the
+/// file system allows): no second copy, and no fresh buffer per frame.
 const WRITE_BUFFER: usize = 8 << 20;
 /// Alignment `O_DIRECT` needs of buffers, offsets and lengths.
 const ALIGN: usize = 4096;
-/// Chunks queued to a journal's writer thread: the next frame is received while the previous
-/// one is written.
-const QUEUED: usize = 2;
+/// Writes in flight per journal, each on a thread of its own: the disk gets the next buffer
+/// while one is still being written, and one buffer's CRC overlaps the other's write.
+const WRITERS: usize = 2;
+/// Buffers a journal holds at most: one being received, the rest written or queued.
+const BUFFERS: usize = WRITERS + 2;
+/// Free buffers kept for the next journals (a new 8 MiB buffer is a new mapping whose pages
+/// fault and are zeroed on first touch).
+const POOLED: usize = 16;
 
-enum Cmd {
-    Data(Bytes),
-    /// The bytes accepted so far (to write them through to the UFS instead).
-    Written(tokio::sync::oneshot::Sender<io::Result<Bytes>>),
-    /// Everything on disk and synced: (length, CRC32C).
-    Finish(tokio::sync::oneshot::Sender<io::Result<(u64, u32)>>),
+static POOL: Mutex<Vec<Chunk>> = Mutex::new(Vec::new());
+
+/// An aligned buffer of [`WRITE_BUFFER`] bytes, received into and written from.
+struct Chunk {
+    mem: Vec<u8>,
+    /// Where the aligned part of `mem` starts.
+    start: usize,
+    filled: usize,
 }
 
-/// The first error of a journal's writer thread, seen by the next `write`.
-#[derive(Default)]
-struct FirstError(Mutex<Option<(Option<i32>, io::ErrorKind, String)>>);
-
-impl FirstError {
-    fn set(&self, e: &io::Error) {
-        lock(&self.0).get_or_insert_with(|| (e.raw_os_error(), e.kind(), e.to_string()));
+impl Chunk {
+    fn take() -> Self {
+        if let Some(chunk) = lock(&POOL).pop() {
+            return chunk;
+        }
+        let mem = vec![0u8; WRITE_BUFFER + ALIGN];
+        let start = mem.as_ptr().align_offset(ALIGN);
+        Self { mem, start, filled: 0 }
     }
 
-    fn get(&self) -> Option<io::Error> {
-        lock(&self.0).as_ref().map(|(code, kind, msg)| match code {
+    fn give_back(mut self) {
+        self.filled = 0;
+        let mut pool = lock(&POOL);
+        if pool.len() < POOLED {
+            pool.push(self);
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.mem[self.start..self.start + self.filled]
+    }
+
+    fn space(&mut self) -> &mut [u8] {
+        &mut self.mem[self.start + self.filled..self.start + WRITE_BUFFER]
+    }
+
+    /// The bytes to write: the last, partial buffer of an `O_DIRECT` file padded to the
+    /// alignment (the file is cut to its length at the end).
+    fn to_write(&mut self, direct: bool) -> &[u8] {
+        let len = if direct { self.filled.div_ceil(ALIGN) * ALIGN } else { self.filled };
+        self.mem[self.start + self.filled..self.start + len].fill(0);
+        &self.mem[self.start..self.start + len]
+    }
+}
+
+struct Job {
+    offset: u64,
+    chunk: Chunk,
+}
+
+/// What a journal's writer threads did.
+#[derive(Default)]
+struct Written {
+    /// Every buffer the threads took, by offset: (length, CRC32C).
+    pieces: BTreeMap<u64, (usize, u32)>,
+    /// Bytes not on disk (their write failed, or came after a failure), by offset.
+    kept: BTreeMap<u64, Vec<u8>>,
+    /// The first write error.
+    error: Option<(Option<i32>, io::ErrorKind, String)>,
+}
+
+impl Written {
+    fn fail(&mut self, e: &io::Error) {
+        self.error.get_or_insert_with(|| (e.raw_os_error(), e.kind(), e.to_string()));
+    }
+
+    fn error(&self) -> Option<io::Error> {
+        self.error.as_ref().map(|(code, kind, msg)| match code {
             Some(c) => io::Error::from_raw_os_error(*c),
             None => io::Error::new(*kind, msg.clone()),
         })
     }
+
+    /// Length and CRC32C of the pieces, in order.
+    fn total(&self) -> (u64, u32) {
+        self.pieces
+            .values()
+            .fold((0, 0), |(len, crc), &(n, c)| (len + n as u64, crc32c::crc32c_combine(crc, c, n)))
+    }
 }
 
-/// A journal being written. Its bytes go to a thread of their own, which writes them with
-/// `O_DIRECT` from one aligned buffer where the file system allows (no page-cache copy, nothing
-/// left to flush at the end; a tmpfs does not) and plain writes otherwise, while the data plane
-/// receives the next frame. Dropped without [`finish`](Self::finish), its data is deleted.
+/// A writer thread: CRC a buffer, write it at its offset, give it back.
+fn write_chunks(
+    file: Arc<File>,
+    direct: bool,
+    jobs: Arc<Mutex<std::sync::mpsc::Receiver<Job>>>,
+    written: Arc<Mutex<Written>>,
+    done: tokio::sync::mpsc::UnboundedSender<Chunk>,
+) {
+    loop {
+        let Ok(Job { offset, mut chunk }) = lock(&jobs).recv() else { return };
+        let crc = crc32c::crc32c(chunk.bytes());
+        let result = match lock(&written).error() {
+            Some(e) => Err(e),
+            None => file.write_all_at(chunk.to_write(direct), offset),
+        };
+        {
+            let mut w = lock(&written);
+            w.pieces.insert(offset, (chunk.filled, crc));
+            if let Err(e) = result {
+                w.kept.insert(offset, chunk.bytes().to_vec());
+                w.fail(&e);
+            }
+        }
+        if let Err(returned) = done.send(chunk) {
+            returned.0.give_back();
+        }
+    }
+}
+
+/// Why [`JournalWriter::receive`] failed.
+#[derive(Debug)]
+pub enum ReceiveError {
+    /// Reading the stream failed: the bytes did not all arrive.
+    Stream(io::Error),
+    /// The journal's disk failed (e.g. it is full). Every byte was received and is kept for
+    /// [`JournalWriter::written`].
+    Disk(io::Error),
+}
+
+/// A journal being written. Its bytes are received straight into aligned buffers, which
+/// [`WRITERS`] threads write at their offsets — with `O_DIRECT` where the file system allows (no
+/// page-cache copy, nothing left to flush at the end; a tmpfs does not), plain writes otherwise
+/// — while the data plane receives the next. Dropped without [`finish`](Self::finish), its data
+/// is deleted.
 pub struct JournalWriter {
     journal: Arc<Journal>,
-    tx: Option<tokio::sync::mpsc::Sender<Cmd>>,
-    error: Arc<FirstError>,
+    file: Arc<File>,
+    direct: bool,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    returned: tokio::sync::mpsc::UnboundedReceiver<Chunk>,
+    written: Arc<Mutex<Written>>,
+    /// The buffer being received into.
+    current: Option<Chunk>,
+    /// Buffers with the threads.
+    in_flight: usize,
+    /// Bytes handed to the threads: the next buffer's offset.
+    sent: u64,
     write_id: String,
     path: String,
     len: u64,
     done: bool,
-}
-
-/// The writer thread's side.
-struct DiskWriter {
-    file: File,
-    /// The data file's path (its bytes are read back through another descriptor).
-    path: PathBuf,
-    direct: bool,
-    buf: Vec<u8>,
-    /// Where the aligned part of `buf` starts.
-    start: usize,
-    filled: usize,
-    /// Bytes on disk.
-    flushed: u64,
-    /// Bytes received after an error (so `Written` still returns every accepted byte).
-    after_error: Vec<u8>,
-    crc: u32,
-    error: Arc<FirstError>,
-    failed: bool,
 }
 
 fn open_journal_file(path: &Path) -> io::Result<(File, bool)> {
@@ -274,131 +356,34 @@ fn open_journal_file(path: &Path) -> io::Result<(File, bool)> {
     }
 }
 
-impl DiskWriter {
-    fn new(file: File, path: PathBuf, direct: bool, error: Arc<FirstError>) -> Self {
-        let (buf, start) = if direct {
-            let buf = vec![0u8; WRITE_BUFFER + ALIGN];
-            let start = buf.as_ptr().align_offset(ALIGN);
-            (buf, start)
-        } else {
-            (Vec::new(), 0)
-        };
-        Self {
-            file,
-            path,
-            direct,
-            buf,
-            start,
-            filled: 0,
-            flushed: 0,
-            after_error: Vec::new(),
-            crc: 0,
-            error,
-            failed: false,
-        }
-    }
-
-    fn fail(&mut self, e: io::Error) {
-        self.error.set(&e);
-        self.failed = true;
-    }
-
-    fn data(&mut self, data: &[u8]) {
-        self.crc = crc32c::crc32c_append(self.crc, data);
-        if self.failed {
-            self.after_error.extend_from_slice(data);
-            return;
-        }
-        if !self.direct {
-            match self.file.write_all(data) {
-                Ok(()) => self.flushed += data.len() as u64,
-                Err(e) => {
-                    self.after_error.extend_from_slice(data);
-                    self.fail(e);
-                }
-            }
-            return;
-        }
-        let mut rest = data;
-        while !rest.is_empty() {
-            let n = rest.len().min(WRITE_BUFFER - self.filled);
-            let at = self.start + self.filled;
-            self.buf[at..at + n].copy_from_slice(&rest[..n]);
-            self.filled += n;
-            rest = &rest[n..];
-            if self.filled == WRITE_BUFFER {
-                let chunk = &self.buf[self.start..self.start + WRITE_BUFFER];
-                match self.file.write_all_at(chunk, self.flushed) {
-                    Ok(()) => {
-                        self.flushed += WRITE_BUFFER as u64;
-                        self.filled = 0;
-                    }
-                    Err(e) => {
-                        // The buffer keeps its bytes; the rest waits beside it.
-                        self.after_error.extend_from_slice(rest);
-                        self.fail(e);
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    fn written(&self) -> io::Result<Bytes> {
-        let mut out = vec![0u8; self.flushed as usize];
-        File::open(&self.path)?.read_exact_at(&mut out, 0)?;
-        out.extend_from_slice(&self.buf[self.start..self.start + self.filled]);
-        out.extend_from_slice(&self.after_error);
-        Ok(Bytes::from(out))
-    }
-
-    fn finish(&mut self) -> io::Result<(u64, u32)> {
-        if let Some(e) = self.error.get() {
-            return Err(e);
-        }
-        let result = self.write_tail_and_sync();
-        if let Err(e) = &result {
-            self.error.set(e);
-            self.failed = true;
-        }
-        result
-    }
-
-    fn write_tail_and_sync(&mut self) -> io::Result<(u64, u32)> {
-        let len = self.flushed + self.filled as u64;
-        if self.direct && self.filled > 0 {
-            // The tail, padded to the alignment, then the file cut to its length.
-            let padded = self.filled.div_ceil(ALIGN) * ALIGN;
-            self.buf[self.start + self.filled..self.start + padded].fill(0);
-            self.file.write_all_at(&self.buf[self.start..self.start + padded], self.flushed)?;
-            self.file.set_len(len)?;
-        }
-        self.file.sync_data()?;
-        Ok((len, self.crc))
-    }
-
-    fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Cmd>) {
-        while let Some(cmd) = rx.blocking_recv() {
-            match cmd {
-                Cmd::Data(data) => self.data(&data),
-                Cmd::Written(reply) => {
-                    let _ = reply.send(self.written());
-                }
-                Cmd::Finish(reply) => {
-                    let finished = self.finish();
-                    let ok = finished.is_ok();
-                    let _ = reply.send(finished);
-                    if ok {
-                        return;
-                    }
-                    // Failed (a full disk): the bytes stay available to `Written`.
-                }
-            }
-        }
-    }
-}
-
 impl JournalWriter {
+    fn start(journal: Arc<Journal>, file: File, direct: bool, write_id: &str, path: &str) -> Self {
+        let file = Arc::new(file);
+        let (jobs, queue) = std::sync::mpsc::channel();
+        let queue = Arc::new(Mutex::new(queue));
+        let (done, returned) = tokio::sync::mpsc::unbounded_channel();
+        let written = Arc::new(Mutex::new(Written::default()));
+        for _ in 0..WRITERS {
+            let (file, queue, written, done) = (file.clone(), queue.clone(), written.clone(), done.clone());
+            tokio::task::spawn_blocking(move || write_chunks(file, direct, queue, written, done));
+        }
+        Self {
+            journal,
+            file,
+            direct,
+            jobs: Some(jobs),
+            returned,
+            written,
+            current: None,
+            in_flight: 0,
+            sent: 0,
+            write_id: write_id.to_string(),
+            path: path.to_string(),
+            len: 0,
+            done: false,
+        }
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -415,36 +400,145 @@ impl JournalWriter {
         io::Error::other("the journal writer stopped")
     }
 
-    /// Queues `data` for the journal. An error of an earlier write is returned here (this one
-    /// was not taken then); the bytes accepted so far stay available to [`written`](Self::written).
-    pub async fn write(&mut self, data: Bytes) -> io::Result<()> {
-        if let Some(e) = self.error.get() {
-            return Err(e);
-        }
-        let len = data.len() as u64;
-        let tx = self.tx.as_ref().ok_or_else(Self::gone)?;
-        tx.send(Cmd::Data(data)).await.map_err(|_| Self::gone())?;
-        self.len += len;
+    fn error(&self) -> Option<io::Error> {
+        lock(&self.written).error()
+    }
+
+    /// A buffer to receive into: one the threads gave back, a pooled one, or — with
+    /// [`BUFFERS`] out — the next one they give back.
+    async fn free_chunk(&mut self) -> io::Result<Chunk> {
+        let chunk = match self.returned.try_recv() {
+            Ok(chunk) => chunk,
+            Err(_) if self.in_flight + 1 < BUFFERS => return Ok(Chunk::take()),
+            Err(_) => self.returned.recv().await.ok_or_else(Self::gone)?,
+        };
+        self.in_flight -= 1;
+        Ok(Chunk { filled: 0, ..chunk })
+    }
+
+    fn submit(&mut self, chunk: Chunk) -> io::Result<()> {
+        let offset = self.sent;
+        self.sent += chunk.filled as u64;
+        let jobs = self.jobs.as_ref().ok_or_else(Self::gone)?;
+        jobs.send(Job { offset, chunk }).map_err(|_| Self::gone())?;
+        self.in_flight += 1;
         Ok(())
     }
 
+    /// Waits until the threads wrote every buffer they were given.
+    async fn drain(&mut self) -> io::Result<()> {
+        while self.in_flight > 0 {
+            let chunk = self.returned.recv().await.ok_or_else(Self::gone)?;
+            self.in_flight -= 1;
+            chunk.give_back();
+        }
+        Ok(())
+    }
+
+    /// Receives `len` bytes of `stream` into the journal. A disk error (this write's or an
+    /// earlier one's) is returned once the bytes are in: they stay available to
+    /// [`written`](Self::written).
+    pub async fn receive<R: AsyncRead + Unpin>(
+        &mut self,
+        stream: &mut R,
+        mut len: usize,
+    ) -> Result<(), ReceiveError> {
+        while len > 0 {
+            let mut chunk = match self.current.take() {
+                Some(chunk) => chunk,
+                None => self.free_chunk().await.map_err(ReceiveError::Disk)?,
+            };
+            let n = len.min(WRITE_BUFFER - chunk.filled);
+            let read = stream.read_exact(&mut chunk.space()[..n]).await;
+            if let Err(e) = read {
+                self.current = Some(chunk);
+                return Err(ReceiveError::Stream(e));
+            }
+            chunk.filled += n;
+            self.len += n as u64;
+            len -= n;
+            if chunk.filled == WRITE_BUFFER {
+                self.submit(chunk).map_err(ReceiveError::Disk)?;
+            } else {
+                self.current = Some(chunk);
+            }
+        }
+        match self.error() {
+            Some(e) => Err(ReceiveError::Disk(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes `data` into the journal (as [`receive`](Self::receive) does).
+    pub async fn write(&mut self, data: Bytes) -> io::Result<()> {
+        let mut reader = &data[..];
+        self.receive(&mut reader, data.len()).await.map_err(|e| match e {
+            ReceiveError::Stream(e) | ReceiveError::Disk(e) => e,
+        })
+    }
+
     /// The bytes accepted so far (to write them through to the UFS instead).
-    pub async fn written(&self) -> io::Result<Bytes> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let tx = self.tx.as_ref().ok_or_else(Self::gone)?;
-        tx.send(Cmd::Written(reply)).await.map_err(|_| Self::gone())?;
-        answer.await.map_err(|_| Self::gone())?
+    pub async fn written(&mut self) -> io::Result<Bytes> {
+        self.drain().await?;
+        let pieces: Vec<(u64, usize, Option<Vec<u8>>)> = {
+            let w = lock(&self.written);
+            w.pieces.iter().map(|(&offset, &(len, _))| (offset, len, w.kept.get(&offset).cloned())).collect()
+        };
+        let tail = self.current.as_ref().map(|c| c.bytes().to_vec()).unwrap_or_default();
+        let data_path = self.journal.data_path(&self.write_id);
+        let total = self.len as usize;
+        blocking(move || {
+            let mut out = Vec::with_capacity(total);
+            let mut file = None;
+            for (offset, len, kept) in pieces {
+                match kept {
+                    Some(bytes) => out.extend_from_slice(&bytes),
+                    None => {
+                        let file = match &mut file {
+                            Some(f) => f,
+                            None => file.insert(File::open(&data_path)?),
+                        };
+                        let at = out.len();
+                        out.resize(at + len, 0);
+                        file.read_exact_at(&mut out[at..], offset)?;
+                    }
+                }
+            }
+            out.extend_from_slice(&tail);
+            Ok(Bytes::from(out))
+        })
+        .await
     }
 
     /// Makes the journal durable: data written and synced, then the record written, fsynced
     /// and renamed into place, then the directory fsynced. When it fails the writer stays, so
     /// that the bytes can still be written elsewhere ([`written`](Self::written)).
     pub async fn finish(&mut self, mtime_ms: i64) -> io::Result<JournalRecord> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let tx = self.tx.as_ref().ok_or_else(Self::gone)?;
-        tx.send(Cmd::Finish(reply)).await.map_err(|_| Self::gone())?;
-        let (size, crc32c) = answer.await.map_err(|_| Self::gone())??;
-        self.tx = None;
+        if let Some(chunk) = self.current.take() {
+            if chunk.filled > 0 {
+                self.submit(chunk)?;
+            } else {
+                chunk.give_back();
+            }
+        }
+        self.drain().await?;
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        let (size, crc32c) = lock(&self.written).total();
+        let (file, direct) = (self.file.clone(), self.direct);
+        let synced = blocking(move || {
+            if direct && size % ALIGN as u64 != 0 {
+                file.set_len(size)?;
+            }
+            file.sync_data()
+        })
+        .await;
+        if let Err(e) = synced {
+            lock(&self.written).fail(&e);
+            return Err(e);
+        }
+        self.jobs = None;
         let record = JournalRecord {
             write_id: self.write_id.clone(),
             path: self.path.clone(),
@@ -476,8 +570,15 @@ impl JournalWriter {
 
 impl Drop for JournalWriter {
     fn drop(&mut self) {
-        // Closing the channel stops the thread (its file closes with it).
-        self.tx = None;
+        // Closing the queue stops the threads once they wrote what they hold (the file closes
+        // with the last of them).
+        self.jobs = None;
+        if let Some(chunk) = self.current.take() {
+            chunk.give_back();
+        }
+        while let Ok(chunk) = self.returned.try_recv() {
+            chunk.give_back();
+        }
         if !self.done {
             let _ = fs::remove_file(self.journal.data_path(&self.write_id));
         }
@@ -535,6 +636,21 @@ mod tests {
         let mut w = journal.begin("w1", "/wb/a").await.unwrap();
         w.write(Bytes::from_static(b"abc")).await.unwrap();
         assert_eq!(&w.written().await.unwrap()[..], b"abc");
+        drop(w);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_mid_frame_keeps_only_whole_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(dir.path()).unwrap().0);
+        let mut w = journal.begin("w1", "/wb/a").await.unwrap();
+        let first: Vec<u8> = (0..WRITE_BUFFER + 10).map(|i| i as u8).collect();
+        w.write(Bytes::from(first.clone())).await.unwrap();
+        let mut short: &[u8] = b"0123456789";
+        assert!(matches!(w.receive(&mut short, 20).await, Err(ReceiveError::Stream(_))));
+        assert_eq!(w.len(), first.len() as u64);
+        assert_eq!(&w.written().await.unwrap()[..], &first[..]);
         drop(w);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }

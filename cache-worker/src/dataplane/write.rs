@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
 use crate::blocks::BlockService;
-use crate::journal::{JournalWriter, is_disk_full};
+use crate::journal::{JournalWriter, ReceiveError, is_disk_full};
 use crate::metrics_defs as m;
 use crate::mounts::Resolved;
 use crate::writeback::{CommitWrite, WriteBack};
@@ -284,19 +284,33 @@ where
         }
         match frame::decode_request_header(&header) {
             Ok((frame::Op::WriteData, len)) => {
-                let mut data = BytesMut::zeroed(len);
-                if let Err(e) = stream.read_exact(&mut data).await {
-                    abort_sink(sink).await;
-                    return Err(e);
-                }
-                if failed.is_some() {
-                    continue;
-                }
-                let data = data.freeze();
-                let written = match sink.as_mut() {
-                    Some(Sink::Journal(j)) => j.write(data.clone()).await,
-                    Some(Sink::Through(w)) => w.write(data.clone()).await.map_err(io::Error::other),
-                    None => Ok(()),
+                // A journal receives straight into its aligned buffers; a disk error there
+                // comes once the frame is in, which the journal then holds (`data` is empty).
+                let (written, data) = match sink.as_mut() {
+                    Some(Sink::Journal(j)) if failed.is_none() => match j.receive(stream, len).await {
+                        Ok(()) => (Ok(()), Bytes::new()),
+                        Err(ReceiveError::Disk(e)) => (Err(e), Bytes::new()),
+                        Err(ReceiveError::Stream(e)) => {
+                            abort_sink(sink).await;
+                            return Err(e);
+                        }
+                    },
+                    _ => {
+                        let mut data = BytesMut::zeroed(len);
+                        if let Err(e) = stream.read_exact(&mut data).await {
+                            abort_sink(sink).await;
+                            return Err(e);
+                        }
+                        if failed.is_some() {
+                            continue;
+                        }
+                        let data = data.freeze();
+                        let written = match sink.as_mut() {
+                            Some(Sink::Through(w)) => w.write(data.clone()).await.map_err(io::Error::other),
+                            _ => Ok(()),
+                        };
+                        (written, data)
+                    }
                 };
                 let Err(e) = written else { continue };
                 if is_disk_full(&e) && primary && options.on_full == OnFull::WriteThrough {
@@ -416,7 +430,7 @@ async fn switch_to_ufs(
     let mut writer = BlockService::writer_of(resolved)
         .await
         .map_err(|e| Failed { kind: e.kind(), message: e.to_string() })?;
-    if let Some(Sink::Journal(j)) = sink {
+    if let Some(Sink::Journal(mut j)) = sink {
         let so_far = j.written().await.map_err(|e| Failed {
             kind: ErrorKind::Internal,
             message: format!("{}: write-back journal: {e}", resolved.path),
