@@ -291,7 +291,10 @@ fn write_chunks(
     loop {
         let Ok(Job { offset, mut chunk }) = lock(&jobs).recv() else { return };
         let crc = crc32c::crc32c(chunk.bytes());
-        let result = match lock(&written).error() {
+        // Its own statement: a lock taken in a `match` scrutinee would be held through the
+        // write, stalling the other writer and the receiver.
+        let failed = lock(&written).error();
+        let result = match failed {
             Some(e) => Err(e),
             None => file.write_all_at(chunk.to_write(direct), offset),
         };
