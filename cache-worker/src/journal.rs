@@ -237,7 +237,7 @@ impl Chunk {
 
     /// The bytes to write: the last, partial buffer of an `O_DIRECT` file padded to the
     /// alignment (the file is cut to its length at the end).
-    fn to_write(&mut self, direct: bool) -> &[u8] {
+    fn padded_for(&mut self, direct: bool) -> &[u8] {
         let len = if direct { self.filled.div_ceil(ALIGN) * ALIGN } else { self.filled };
         self.mem[self.start + self.filled..self.start + len].fill(0);
         &self.mem[self.start..self.start + len]
@@ -296,7 +296,7 @@ fn write_chunks(
         let failed = lock(&written).error();
         let result = match failed {
             Some(e) => Err(e),
-            None => file.write_all_at(chunk.to_write(direct), offset),
+            None => file.write_all_at(chunk.padded_for(direct), offset),
         };
         {
             let mut w = lock(&written);
