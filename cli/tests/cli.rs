@@ -6,6 +6,9 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::free_port;
+
 fn strata() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
     c.env_remove("STRATA_MASTER")
@@ -21,10 +24,6 @@ static TOKEN_FILES: std::sync::Mutex<Vec<(String, std::path::PathBuf)>> = std::s
 
 fn token_file_of(master: &str) -> Option<std::path::PathBuf> {
     TOKEN_FILES.lock().unwrap().iter().rev().find(|(m, _)| m == master).map(|(_, f)| f.clone())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 struct Standalone(Child);

@@ -8,12 +8,15 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod common;
+use common::{Proc, admin_token_file, free_port, strata, wait_for, worker_token_file};
 
 /// Leader lease of the masters under test (the default is 5 s; shorter keeps the tests quick).
 const LEASE_MS: u64 = 2_000;
@@ -32,38 +35,6 @@ fn etcd_binary() -> PathBuf {
         "etcd not found: these tests need a real etcd. Install it (Debian: apt-get install etcd-server) \
          or point STRATA_TEST_ETCD at the binary; ./test.sh does this for you"
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A child process killed (SIGKILL) when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn kill9(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
 }
 
 /// One etcd member.
@@ -161,24 +132,6 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     Some(out)
-}
-
-fn admin_token_file() -> std::path::PathBuf {
-    strata_testkit::shared_token_file("admin.token")
-}
-
-fn worker_token_file() -> std::path::PathBuf {
-    strata_testkit::shared_token_file("worker.token")
-}
-
-fn strata() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
-    c.env_remove("STRATA_MASTER")
-        .env("STRATA_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_ADMIN_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file())
-        .env("RUST_LOG", "warn");
-    c
 }
 
 struct Master {

@@ -5,7 +5,6 @@
 //! start from the worker's view (`STRATA_WORKERS`). The 60-second test is the only long one;
 //! each test runs its own processes, so they run in parallel.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,36 +12,8 @@ use std::time::{Duration, Instant};
 use strata_testkit::pattern;
 use strata_testkit::strata_client::{Client, ClientConfig};
 
-fn admin_token_file() -> std::path::PathBuf {
-    strata_testkit::shared_token_file("admin.token")
-}
-
-fn worker_token_file() -> std::path::PathBuf {
-    strata_testkit::shared_token_file("worker.token")
-}
-
-fn strata() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
-    c.env_remove("STRATA_MASTER")
-        .env("STRATA_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_ADMIN_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file())
-        .env_remove("STRATA_SIDECAR_SOCKET")
-        .env_remove("STRATA_WORKERS")
-        .env_remove("STRATA_MASTER_OUTAGE_GRACE")
-        .env("RUST_LOG", "warn");
-    c
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        signal(&self.0, "CONT");
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::{Proc, admin_token_file, spawn_until, strata, worker_token_file};
 
 fn signal(child: &Child, sig: &str) {
     let ok = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status().unwrap();
@@ -51,22 +22,9 @@ fn signal(child: &Child, sig: &str) {
 
 /// Spawns `strata ARGS` and returns it with the first capture of `prefix…` on its stdout.
 fn spawn(args: &[&str], prefix: &str) -> (Proc, String) {
-    let mut child = strata().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let found = loop {
-        assert!(Instant::now() < deadline, "strata {args:?} did not start");
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(i) = line.find(prefix) {
-                    break line[i + prefix.len()..].split_whitespace().next().unwrap().to_string();
-                }
-            }
-            _ => panic!("strata {args:?} exited before starting"),
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (Proc(child), found)
+    let mut cmd = strata();
+    cmd.args(args);
+    spawn_until(cmd, prefix, Stdio::null())
 }
 
 /// A master and a worker process, and a UFS directory mounted at /out with a 1 s metadata TTL.

@@ -3,71 +3,31 @@
 //! uploads are paced (`upload_bandwidth`) so a test can act between the acknowledgement and the
 //! end of the upload; `kill -9`, restarts, and the objects in the bucket compared byte for byte.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 use strata_testkit::{TestUfs, pattern};
 
-fn admin_token_file() -> PathBuf {
-    strata_testkit::shared_token_file("admin.token")
-}
+mod common;
+use common::{Proc, spawn_until, wait_for, worker_token_file};
 
-fn worker_token_file() -> PathBuf {
-    strata_testkit::shared_token_file("worker.token")
-}
-
+/// `strata` as [`common::strata`], logging at info level (the tests read the logs).
 fn strata() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
-    c.env_remove("STRATA_MASTER")
-        .env("STRATA_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_ADMIN_TOKEN_FILE", admin_token_file())
-        .env("STRATA_MASTER_WORKER_TOKEN_FILE", worker_token_file())
-        .env_remove("STRATA_SIDECAR_SOCKET")
-        .env_remove("STRATA_WORKERS")
-        .env("RUST_LOG", "info");
+    let mut c = common::strata();
+    c.env("RUST_LOG", "info");
     c
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Spawns `strata ARGS` (stderr to `log`) and returns it with the first word after `prefix` on
 /// its stdout.
 fn spawn(args: &[&str], prefix: &str, log: &Path) -> (Proc, String) {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let mut child = strata().args(args).stdout(Stdio::piped()).stderr(log).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let found = loop {
-        assert!(Instant::now() < deadline, "strata {args:?} did not start");
-        match lines.next() {
-            Some(Ok(line)) => {
-                if let Some(i) = line.find(prefix) {
-                    break line[i + prefix.len()..].split_whitespace().next().unwrap().to_string();
-                }
-            }
-            _ => panic!("strata {args:?} exited before starting"),
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (Proc(child), found)
-}
-
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut cmd = strata();
+    cmd.args(args);
+    spawn_until(cmd, prefix, log)
 }
 
 /// A master, three workers, and the Garage bucket under a fresh prefix.
@@ -185,7 +145,7 @@ impl Cluster {
     }
 
     fn wait_live(&self, n: usize) {
-        wait_for(&format!("{n} live workers"), Duration::from_secs(30), || self.live() == n);
+        wait_for(&format!("{n} live workers"), Duration::from_secs(30), || (self.live() == n).then_some(()));
     }
 
     /// Mounts the bucket's prefix `sub` at `path` with write-back and `options`.
@@ -311,7 +271,7 @@ fn both_holders_killed_and_restarted_resume_the_upload_from_their_journals() {
     assert_eq!(objects.len(), 1);
     assert!(objects[0].1 == data, "the bytes in the bucket are the acknowledged ones");
     wait_for("the journals to be dropped", Duration::from_secs(30), || {
-        held.iter().all(|&i| c.journal_files(i).is_empty())
+        held.iter().all(|&i| c.journal_files(i).is_empty()).then_some(())
     });
 }
 
@@ -332,7 +292,9 @@ fn a_half_written_unacknowledged_file_is_discarded_at_restart_never_uploaded() {
     // The copies are being written: journal data on two workers, no record yet.
     let writing =
         || (0..3).filter(|&i| c.journal_files(i).iter().any(|f| f.ends_with(".data"))).collect::<Vec<_>>();
-    wait_for("the copies to reach the journals", Duration::from_secs(30), || writing().len() == 2);
+    wait_for("the copies to reach the journals", Duration::from_secs(30), || {
+        (writing().len() == 2).then_some(())
+    });
     let held = writing();
     for &i in &held {
         c.kill9(i);
@@ -439,6 +401,6 @@ fn a_full_journal_disk_refuses_or_writes_through_as_the_mount_says() {
     assert_eq!(names, ["full/small.bin", "through/a.bin"]);
     assert!(objects[0].1 == small && objects[1].1 == big);
     wait_for("every journal to be dropped", Duration::from_secs(30), || {
-        (0..3).all(|i| c.journal_files(i).is_empty())
+        (0..3).all(|i| c.journal_files(i).is_empty()).then_some(())
     });
 }
