@@ -137,8 +137,11 @@ impl Journal {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("write {write_id} exists")));
         }
         let file_path = self.data_path(write_id);
-        let (file, direct) = blocking(move || open_journal_file(&file_path)).await?;
-        Ok(JournalWriter::start(self.clone(), file, direct, write_id, path))
+        let opened = file_path.clone();
+        let (file, direct) = blocking(move || open_journal_file(&opened)).await?;
+        JournalWriter::start(self.clone(), file, direct, write_id, path).inspect_err(|_| {
+            let _ = fs::remove_file(&file_path);
+        })
     }
 
     pub fn get(&self, write_id: &str) -> Option<JournalRecord> {
@@ -360,17 +363,28 @@ fn open_journal_file(path: &Path) -> io::Result<(File, bool)> {
 }
 
 impl JournalWriter {
-    fn start(journal: Arc<Journal>, file: File, direct: bool, write_id: &str, path: &str) -> Self {
+    fn start(
+        journal: Arc<Journal>,
+        file: File,
+        direct: bool,
+        write_id: &str,
+        path: &str,
+    ) -> io::Result<Self> {
         let file = Arc::new(file);
         let (jobs, queue) = std::sync::mpsc::channel();
         let queue = Arc::new(Mutex::new(queue));
         let (done, returned) = tokio::sync::mpsc::unbounded_channel();
         let written = Arc::new(Mutex::new(Written::default()));
+        // Threads of their own, not the runtime's blocking pool: they live as long as the
+        // stream, and enough concurrent writes would otherwise take every pool thread and leave
+        // none for the `finish` that would free them.
         for _ in 0..WRITERS {
             let (file, queue, written, done) = (file.clone(), queue.clone(), written.clone(), done.clone());
-            tokio::task::spawn_blocking(move || write_chunks(file, direct, queue, written, done));
+            std::thread::Builder::new()
+                .name("strata-journal".into())
+                .spawn(move || write_chunks(file, direct, queue, written, done))?;
         }
-        Self {
+        Ok(Self {
             journal,
             file,
             direct,
@@ -384,7 +398,7 @@ impl JournalWriter {
             path: path.to_string(),
             len: 0,
             done: false,
-        }
+        })
     }
 
     pub fn len(&self) -> u64 {
@@ -656,6 +670,37 @@ mod tests {
         assert_eq!(&w.written().await.unwrap()[..], &first[..]);
         drop(w);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// More journals open at once than the runtime has blocking threads: each journal's writers
+    /// are threads of their own, so every `finish` still finds a blocking thread.
+    #[test]
+    fn more_open_journals_than_blocking_threads_all_finish() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(dir.path()).unwrap().0);
+        let all = async {
+            let mut writers = Vec::new();
+            for i in 0..8 {
+                let mut w = journal.begin(&format!("w{i}"), "/wb/f").await.unwrap();
+                w.write(Bytes::from(vec![i as u8; WRITE_BUFFER + 3])).await.unwrap();
+                writers.push(w);
+            }
+            for w in &mut writers {
+                w.finish(1).await.unwrap();
+            }
+        };
+        runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(60), all)
+                .await
+                .expect("every journal finishes")
+        });
+        assert_eq!(journal.list().len(), 8);
     }
 
     /// Sizes around the O_DIRECT buffer and alignment: what comes back is what went in, and
