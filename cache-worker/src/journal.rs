@@ -345,7 +345,6 @@ pub struct JournalWriter {
     sent: u64,
     write_id: String,
     path: String,
-    len: u64,
     done: bool,
 }
 
@@ -396,17 +395,17 @@ impl JournalWriter {
             sent: 0,
             write_id: write_id.to_string(),
             path: path.to_string(),
-            len: 0,
             done: false,
         })
     }
 
+    /// Bytes received: those handed to the threads and those in the buffer being filled.
     pub fn len(&self) -> u64 {
-        self.len
+        self.sent + self.current.as_ref().map_or(0, |c| c.filled as u64)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     pub fn write_id(&self) -> &str {
@@ -472,7 +471,6 @@ impl JournalWriter {
                 return Err(ReceiveError::Stream(e));
             }
             chunk.filled += n;
-            self.len += n as u64;
             len -= n;
             if chunk.filled == WRITE_BUFFER {
                 self.submit(chunk).map_err(ReceiveError::Disk)?;
@@ -503,7 +501,7 @@ impl JournalWriter {
         };
         let tail = self.current.as_ref().map(|c| c.bytes().to_vec()).unwrap_or_default();
         let data_path = self.journal.data_path(&self.write_id);
-        let total = self.len as usize;
+        let total = self.len() as usize;
         blocking(move || {
             let mut out = Vec::with_capacity(total);
             let mut file = None;
