@@ -22,7 +22,11 @@
 //! - a direct multipart put of the same bytes with opendal: 16 MiB parts 4 in flight (a tuned
 //!   client), and 8 MiB parts 4 in flight (what a worker's UFS writer does, ufs/src/write.rs);
 //! - `--writers` concurrent write-back writers of `--size / --writers` bytes each: aggregate
-//!   acknowledgement rate and the time until all are persisted.
+//!   acknowledgement rate and the time until all are persisted;
+//! - `--trials` write-back acknowledgements, each bracketed by the disk ceiling measured just
+//!   before and just after it (the step `bracketed`): this disk's rate moves up to 2× from one
+//!   minute to the next, so a ceiling measured at the start of a round says little about the
+//!   moment of an acknowledgement ten steps later.
 //!
 //! Every step writes bytes no other step wrote (a per-step stamp in each 4 KiB page), so an
 //! object store that deduplicates blocks (Garage does) stores each step anew. Steps alternate
@@ -74,9 +78,13 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     rounds: usize,
     /// Steps to run after the disk ceiling, comma-separated: write-back, write-through,
-    /// direct, parallel (default: all).
-    #[arg(long, value_delimiter = ',', default_value = "write-back,write-through,direct,parallel")]
+    /// direct, parallel, bracketed (default: all).
+    #[arg(long, value_delimiter = ',', default_value = "write-back,write-through,direct,parallel,bracketed")]
     steps: Vec<String>,
+    /// Write-back acknowledgements of the `bracketed` step, each between two measurements of
+    /// the disk ceiling (1 and 2 O_DIRECT streams).
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
     /// Under file system: `s3` (STRATA_TEST_S3_*, e.g. Garage) or `fs` (a local directory; a
     /// quick check only: the "direct put" is then a file write).
     #[arg(long, default_value = "s3")]
@@ -291,10 +299,17 @@ enum Step {
     DirectTuned,
     DirectAsWorker,
     Parallel,
+    Bracketed,
 }
 
-const STEPS: [Step; 5] =
-    [Step::WriteBack, Step::WriteThrough, Step::DirectTuned, Step::DirectAsWorker, Step::Parallel];
+const STEPS: [Step; 6] = [
+    Step::WriteBack,
+    Step::WriteThrough,
+    Step::DirectTuned,
+    Step::DirectAsWorker,
+    Step::Parallel,
+    Step::Bracketed,
+];
 
 impl Step {
     /// The `--steps` word that selects it.
@@ -304,6 +319,7 @@ impl Step {
             Step::WriteThrough => "write-through",
             Step::DirectTuned | Step::DirectAsWorker => "direct",
             Step::Parallel => "parallel",
+            Step::Bracketed => "bracketed",
         }
     }
 }
@@ -316,6 +332,30 @@ struct Round {
     /// Wall time, the machine's busy CPU and this process's CPU over the round.
     whole: Option<(Spent, f64)>,
     spent: BTreeMap<&'static str, Spent>,
+    trials: Vec<Trial>,
+}
+
+/// The disk ceiling at one moment: one `O_DIRECT` stream, and two at once (their aggregate).
+#[derive(Clone, Copy)]
+struct Ceiling {
+    one: Spent,
+    two: Spent,
+}
+
+impl Ceiling {
+    /// MiB/s of the stronger of the two ways to write this disk.
+    fn best_mib_s(&self, size: u64) -> f64 {
+        mib_s(size, self.one.wall).max(mib_s(2 * size, self.two.wall))
+    }
+}
+
+/// One write-back acknowledgement of the `bracketed` step, with the ceilings measured just
+/// before and just after it.
+struct Trial {
+    before: Ceiling,
+    acked: Spent,
+    streamed: Spent,
+    after: Ceiling,
 }
 
 struct Bench {
@@ -359,6 +399,18 @@ impl Bench {
             mib_s(2 * size, buffered2),
             mib_s(size, zeros)
         );
+    }
+
+    /// The disk ceiling now, each stream count after a settled disk.
+    fn ceiling_now(&self) -> Ceiling {
+        let dirs: Vec<PathBuf> =
+            (0..self.cluster.worker_count().min(2)).map(|i| self.cluster.nvme_dir(i)).collect();
+        let two: Vec<&Path> = (0..2).map(|i| dirs[i % dirs.len()].as_path()).collect();
+        let one = disk_ceiling(&two[..1], self.args.size, DiskWrite::Direct);
+        settle();
+        let both = disk_ceiling(&two, self.args.size, DiskWrite::Direct);
+        settle();
+        Ceiling { one, two: both }
     }
 
     async fn step(&mut self, step: Step, r: usize, round: &mut Round) {
@@ -455,6 +507,36 @@ impl Bench {
                     persisted.wall.as_secs_f64()
                 );
                 self.client.delete(&dir, true).await.expect("delete");
+            }
+            Step::Bracketed => {
+                let mut before = self.ceiling_now();
+                for t in 0..self.args.trials {
+                    if t > 0 {
+                        self.fresh_bytes();
+                    }
+                    let path = format!("/wb/trial-r{r}-{t}.bin");
+                    let w = write_file(&self.client, &path, &self.data, self.args.write_size).await;
+                    // The upload reads the journal and Garage writes to the same disk: let it
+                    // finish before the next ceiling.
+                    self.client.sync_wait(&path, Duration::from_secs(1800)).await.expect("persisted");
+                    self.client.delete(&path, false).await.expect("delete");
+                    settle();
+                    let after = self.ceiling_now();
+                    let trial = Trial { before, acked: w.acked, streamed: w.streamed, after };
+                    let ceiling = (before.best_mib_s(size) + after.best_mib_s(size))
+                        / 2.0
+                        / self.args.write_replicas as f64;
+                    eprintln!(
+                        "  bracketed trial {}: ack {:.0} MiB/s, ack ceiling (mean of the stronger ceiling before \
+                         and after / {}) {ceiling:.0} MiB/s: {:.2}x",
+                        t + 1,
+                        mib_s(size, w.acked.wall),
+                        self.args.write_replicas,
+                        mib_s(size, w.acked.wall) / ceiling
+                    );
+                    round.trials.push(trial);
+                    before = after;
+                }
             }
         }
         settle();
@@ -579,19 +661,81 @@ fn report(args: &Args, rounds: &[Round]) -> serde_json::Value {
                 s("wb_ack") - s("wb_streamed")
             );
         }
+        let trials = report_trials(size, replicas, &round.trials);
         let (wall, cpu_process, cpu_machine) =
             round.whole.map_or((f64::NAN, f64::NAN, f64::NAN), |(t, m)| (t.wall.as_secs_f64(), t.cpu, m));
         all.push(json!({
             "round": r + 1, "load_start": round.load_start, "load_end": round.load_end,
             "round_seconds": wall, "round_cpu_process_seconds": cpu_process, "round_cpu_machine_busy_seconds": cpu_machine,
             "ack_ceiling_mib_s": ack_ceiling, "ack_ceiling_2_streams_mib_s": ack_ceiling2,
-            "direct_put_mib_s": direct, "rows": rows,
+            "direct_put_mib_s": direct, "rows": rows, "bracketed": trials,
         }));
     }
     json!({
         "size_bytes": size, "writers": args.writers, "workers": args.workers,
         "write_replicas": args.write_replicas, "write_size": args.write_size, "ufs": args.ufs, "rounds": all,
     })
+}
+
+/// Prints the `bracketed` trials of a round and returns them as JSON. Each acknowledgement is
+/// compared with the ack ceiling around it: the stronger of 1 stream and 2 streams' aggregate,
+/// divided by the replicas (on one machine every replica's journal is on this disk), as the mean
+/// of the measurement before and the one after, and as the higher of the two.
+fn report_trials(size: u64, replicas: f64, trials: &[Trial]) -> serde_json::Value {
+    if trials.is_empty() {
+        return json!([]);
+    }
+    println!();
+    println!(
+        "bracketed write-back acknowledgements ({} MiB each; ack ceiling = the stronger of 1 O_DIRECT stream and 2 \
+         streams' aggregate, / {replicas}, measured just before and just after):",
+        size / MIB
+    );
+    println!(
+        "| trial | disk before: 1 stream / 2 streams (MiB/s) | acknowledged MiB/s (streaming + close, s) | CPU s \
+         | disk after: 1 / 2 | x mean ack ceiling | x higher ack ceiling |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let mut out = Vec::new();
+    let mut vs_mean = Vec::new();
+    for (i, t) in trials.iter().enumerate() {
+        let ack = mib_s(size, t.acked.wall);
+        let (b, a) = (t.before.best_mib_s(size) / replicas, t.after.best_mib_s(size) / replicas);
+        let (mean, higher) = ((b + a) / 2.0, b.max(a));
+        vs_mean.push(ack / mean);
+        let pair =
+            |c: &Ceiling| format!("{:.0} / {:.0}", mib_s(size, c.one.wall), mib_s(2 * size, c.two.wall));
+        println!(
+            "| {} | {} | {ack:.0} ({:.2} + {:.2}) | {:.1} | {} | {:.2}x | {:.2}x |",
+            i + 1,
+            pair(&t.before),
+            t.streamed.wall.as_secs_f64(),
+            (t.acked.wall - t.streamed.wall).as_secs_f64(),
+            t.acked.cpu,
+            pair(&t.after),
+            ack / mean,
+            ack / higher
+        );
+        out.push(json!({
+            "trial": i + 1, "ack_mib_s": ack, "ack_seconds": t.acked.wall.as_secs_f64(),
+            "streamed_seconds": t.streamed.wall.as_secs_f64(), "ack_cpu_seconds": t.acked.cpu,
+            "before_1_stream_mib_s": mib_s(size, t.before.one.wall),
+            "before_2_streams_mib_s": mib_s(2 * size, t.before.two.wall),
+            "after_1_stream_mib_s": mib_s(size, t.after.one.wall),
+            "after_2_streams_mib_s": mib_s(2 * size, t.after.two.wall),
+            "ack_ceiling_mean_mib_s": mean, "ack_ceiling_higher_mib_s": higher,
+            "x_mean_ceiling": ack / mean, "x_higher_ceiling": ack / higher,
+        }));
+    }
+    vs_mean.sort_by(f64::total_cmp);
+    println!(
+        "x mean ack ceiling: median {:.2}, lowest {:.2}; {} of {} trials at 0.8x or more",
+        vs_mean[vs_mean.len() / 2],
+        vs_mean[0],
+        vs_mean.iter().filter(|&&x| x >= 0.8).count(),
+        vs_mean.len()
+    );
+    json!(out)
 }
 
 #[tokio::main]
@@ -605,7 +749,7 @@ async fn main() {
     for step in &args.steps {
         assert!(
             STEPS.iter().any(|s| s.name() == step),
-            "--steps {step}: expected write-back, write-through, direct or parallel"
+            "--steps {step}: expected write-back, write-through, direct, parallel or bracketed"
         );
     }
     println!("load average at start: {}", load_average());
