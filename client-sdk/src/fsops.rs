@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use strata_common::frame::{
     self, MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBackCopy,
@@ -25,6 +26,10 @@ use crate::{Client, ClientError, FileInfo, Result, TransportError};
 const GATHER: usize = 1 << 20;
 /// Size of a gathered data frame.
 const FRAME: usize = 4 << 20;
+/// Frames queued per copy of a write to several workers (write-back with `write_replicas` > 1).
+/// Each copy is sent by a task of its own, so each worker takes the stream at its own pace, up
+/// to this many frames ahead of the slowest, instead of every frame waiting for both.
+const QUEUED_FRAMES: usize = 4;
 
 impl Client {
     /// Fills `buf` with the bytes of one version of a file from `offset` (the caller sizes
@@ -109,6 +114,7 @@ impl Client {
             client: self.clone(),
             path: p,
             copies: opened,
+            pumps: Vec::new(),
             dropped: Vec::new(),
             gathered: Vec::new(),
             written: 0,
@@ -270,12 +276,57 @@ async fn read_answer(stream: &mut DataStream, addr: &str) -> std::result::Result
 pub struct StrataWriter {
     client: Client,
     path: String,
-    /// One stream per copy, the primary first.
+    /// One stream per copy, the primary first — unless they are with `pumps`.
     copies: Vec<WriteCopy>,
+    /// The copies while tasks of their own send them (several copies, between the first
+    /// write and `settle`), the primary first.
+    pumps: Vec<Pump>,
     /// Replicas whose stream failed, and why (said if the primary then refuses).
     dropped: Vec<String>,
     gathered: Vec<u8>,
     written: u64,
+}
+
+/// A copy being sent by a task of its own from a queue of frames; the task gives the copy
+/// back, with how its sending ended, once the queue is closed and empty or a send failed.
+struct Pump {
+    worker_id: String,
+    frames: Option<tokio::sync::mpsc::Sender<Bytes>>,
+    task: tokio::task::JoinHandle<(WriteCopy, std::result::Result<(), String>)>,
+}
+
+impl Pump {
+    fn start(mut copy: WriteCopy, timeout: Duration) -> Self {
+        let (frames, mut queue) = tokio::sync::mpsc::channel::<Bytes>(QUEUED_FRAMES);
+        let worker_id = copy.worker_id.clone();
+        let task = tokio::spawn(async move {
+            while let Some(frame) = queue.recv().await {
+                if let Err(e) = copy.send(&frame, timeout).await {
+                    return (copy, Err(e));
+                }
+            }
+            (copy, Ok(()))
+        });
+        Self { worker_id, frames: Some(frames), task }
+    }
+
+    /// Closes the queue and waits until the task sent what it held.
+    async fn finish(mut self) -> std::result::Result<WriteCopy, String> {
+        self.frames = None;
+        match (&mut self.task).await {
+            Ok((copy, Ok(()))) => Ok(copy),
+            Ok((_, Err(e))) => Err(e),
+            Err(e) => Err(format!("write to {}: the sending task ended: {e}", self.worker_id)),
+        }
+    }
+}
+
+impl Drop for Pump {
+    /// A dropped writer must not go on sending: its connection closes, and the worker
+    /// discards what it got.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// One worker taking a copy of the write.
@@ -391,7 +442,14 @@ impl StrataWriter {
     /// Detaches the connections from the current runtime, so that the runtime can be shut down
     /// while the write stays open; the next write or `close` attaches them to the runtime it
     /// runs in. Must be called inside the runtime that owns the connections.
+    /// With several copies, call [`settle`](Self::settle) first: their connections are with
+    /// tasks of the runtime between the first write and `settle`.
     pub fn park(&mut self) -> Result<()> {
+        if !self.pumps.is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "a writer with copies being sent cannot be parked: settle it first".into(),
+            ));
+        }
         for copy in &mut self.copies {
             copy.park()?;
         }
@@ -426,10 +484,16 @@ impl StrataWriter {
         self.send(data).await
     }
 
-    /// Sends to every copy at once. The primary failing fails the write; a replica failing is
-    /// dropped (the primary then decides whether enough copies are left).
+    /// Sends to every copy. The primary failing fails the write; a replica failing is dropped
+    /// (the primary then decides whether enough copies are left). One copy is sent from the
+    /// caller's bytes; several are queued to a task each (see [`QUEUED_FRAMES`]), so an error
+    /// of theirs may surface at a later call or at `close`.
     async fn send(&mut self, data: &[u8]) -> Result<()> {
         let timeout = self.timeout();
+        // Once queued, always queued: a replica dropped on the way leaves the primary with its task.
+        if !self.pumps.is_empty() || self.copies.len() > 1 {
+            return self.queue(data, timeout).await;
+        }
         if self.copies.is_empty() {
             return Err(ClientError::InvalidArgument("writer is closed".into()));
         }
@@ -454,12 +518,82 @@ impl StrataWriter {
         Ok(())
     }
 
+    /// Queues `data` to every copy's task (starting them on the first call), a frame at a time.
+    async fn queue(&mut self, data: &[u8], timeout: Duration) -> Result<()> {
+        if self.pumps.is_empty() {
+            self.pumps =
+                std::mem::take(&mut self.copies).into_iter().map(|c| Pump::start(c, timeout)).collect();
+        }
+        for frame in data.chunks(MAX_WRITE_CHUNK) {
+            let frame = Bytes::copy_from_slice(frame);
+            let mut i = 0;
+            while i < self.pumps.len() {
+                let taken = match &self.pumps[i].frames {
+                    Some(frames) => frames.send(frame.clone()).await.is_ok(),
+                    None => false,
+                };
+                if taken {
+                    i += 1;
+                    continue;
+                }
+                // Its task ended: it holds the reason.
+                let pump = self.pumps.remove(i);
+                let worker_id = pump.worker_id.clone();
+                let reason = match pump.finish().await {
+                    Ok(_) => format!("write to {worker_id}: the sending task stopped"),
+                    Err(e) => e,
+                };
+                self.lost_copy(i, worker_id, reason)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A copy failed: the primary (`rank` 0) fails the write (dropping the others aborts
+    /// them), a replica is left out.
+    fn lost_copy(&mut self, rank: usize, worker_id: String, reason: String) -> Result<()> {
+        if rank == 0 {
+            self.pumps.clear();
+            self.copies.clear();
+            return Err(ClientError::unavailable(reason));
+        }
+        warn!(path = %self.path, worker = %worker_id, err = %reason, "a write-back replica failed; going on without it");
+        self.dropped.push(format!("{worker_id}: {reason}"));
+        Ok(())
+    }
+
+    /// Waits until every queued frame was sent and takes the copies' connections back from
+    /// their tasks (needed before [`park`](Self::park)). Errors as a write's.
+    pub async fn settle(&mut self) -> Result<()> {
+        if self.pumps.is_empty() {
+            return Ok(());
+        }
+        let pumps = std::mem::take(&mut self.pumps);
+        let mut copies = Vec::with_capacity(pumps.len());
+        let mut failed = Vec::new();
+        for (rank, pump) in pumps.into_iter().enumerate() {
+            let worker_id = pump.worker_id.clone();
+            match pump.finish().await {
+                Ok(copy) => copies.push(copy),
+                Err(e) => failed.push((rank, worker_id, e)),
+            }
+        }
+        self.copies = copies;
+        // The primary's failure first: it fails the write whatever the replicas did.
+        failed.sort_by_key(|(rank, ..)| *rank);
+        for (rank, worker_id, reason) in failed {
+            self.lost_copy(rank, worker_id, reason)?;
+        }
+        Ok(())
+    }
+
     /// Commits the file and returns its new metadata.
     pub async fn close(&mut self) -> Result<FileInfo> {
         if !self.gathered.is_empty() {
             let gathered = std::mem::take(&mut self.gathered);
             self.send(&gathered).await?;
         }
+        self.settle().await?;
         if self.copies.is_empty() {
             return Err(ClientError::InvalidArgument("writer is closed".into()));
         }
@@ -496,6 +630,7 @@ impl StrataWriter {
 
     /// Drops the write; the old file stays.
     pub fn abort(&mut self) {
+        self.pumps.clear();
         self.copies.clear();
         self.gathered = Vec::new();
     }

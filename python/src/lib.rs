@@ -767,9 +767,13 @@ impl Writer {
                 process::dispose(std::mem::replace(g, generation), old);
             }
             let out = f(rt, w);
+            // A write to several workers queues frames to tasks of the runtime: they must be
+            // sent, and the connections back with the writer, before it is parked.
+            let settled = rt.block_on(w.settle());
             let _in_runtime = rt.enter();
             let parked = w.park();
             let out = out.map_err(to_py)?;
+            settled.map_err(to_py)?;
             parked.map_err(to_py)?;
             Ok(out)
         })

@@ -191,3 +191,58 @@ async fn too_few_workers_is_a_clear_error() {
     let e = client.create("/data/a.bin").await.err().expect("refused");
     assert!(e.to_string().contains("write_replicas"), "{e}");
 }
+
+/// The copies of a write are sent by a task each (frames queued): a replica lost mid-stream is
+/// left out and the primary then refuses the write — nothing is acknowledged, nothing stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_lost_mid_stream_fails_the_write_and_leaves_nothing() {
+    let mut cluster = Cluster::start(write_back()).await;
+    let client = cluster.client().await;
+    let data = pattern(24 << 20, 11);
+    let mut w = client.create("/data/lost-replica.bin").await.unwrap();
+    w.write(&data[..8 << 20]).await.unwrap();
+    // The replica is the path's second owner on the ring.
+    let ring = client.ring().await.unwrap();
+    let owners =
+        ring.owners(strata_common::BlockKey::new("/data/lost-replica.bin", "", 0).placement_hash(), 2);
+    let replica = owners[1].id.clone();
+    let index = (0..cluster.worker_count()).find(|&i| cluster.worker(i).worker_id == replica).unwrap();
+    cluster.kill_worker(index).await;
+    let mut result = Ok(());
+    for chunk in data[8 << 20..].chunks(1 << 20) {
+        result = w.write(chunk).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    assert!(result.is_ok(), "a replica's failure does not fail a write: {result:?}");
+    let e = w.close().await.expect_err("two copies were asked for, one is left");
+    assert!(e.to_string().contains(&replica), "the error names the lost replica: {e}");
+    assert!(matches!(client.stat("/data/lost-replica.bin").await, Err(ClientError::NotFound(_))));
+    // The killed worker's unfinished journal waits for its restart, which discards it.
+    let live_journals = || {
+        (0..cluster.worker_count())
+            .filter(|&i| i != index)
+            .filter_map(|i| std::fs::read_dir(cluster.nvme_dir(i).join("journal")).ok())
+            .map(|d| d.count())
+            .sum::<usize>()
+    };
+    eventually("no live worker keeps a journal", Duration::from_secs(20), || async { live_journals() == 0 })
+        .await;
+}
+
+/// A writer dropped with frames still queued sends nothing more: no file, no journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_writer_with_queued_frames_leaves_nothing() {
+    let cluster = Cluster::start(write_back()).await;
+    let client = cluster.client().await;
+    let mut w = client.create("/data/dropped.bin").await.unwrap();
+    w.write(&pattern(20 << 20, 5)).await.unwrap();
+    drop(w);
+    eventually("no journal is left", Duration::from_secs(20), || async { journals(&cluster) == 0 }).await;
+    assert!(matches!(client.stat("/data/dropped.bin").await, Err(ClientError::NotFound(_))));
+    // And the next write of the path goes through whole.
+    let data = pattern(9 << 20, 6);
+    write(&client, "/data/dropped.bin", &data).await;
+    assert_eq!(&client.read_all("/data/dropped.bin").await.unwrap()[..], &data[..]);
+}
