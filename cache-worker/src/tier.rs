@@ -1,4 +1,5 @@
-//! Block tiers: DRAM and NVMe, each bounded in bytes with LRU eviction.
+//! Block tiers: DRAM and NVMe, each bounded in bytes with LRU eviction that passes over pinned
+//! blocks (a [`PinFilter`] names them).
 //!
 //! The contract every tier keeps:
 //! - `get` never returns bytes that differ from what `put` stored under that key: the NVMe tier
@@ -28,6 +29,9 @@ pub enum TierError {
     Io(#[from] std::io::Error),
     #[error("block of {size} bytes does not fit a tier of {capacity} bytes")]
     TooLarge { size: u64, capacity: u64 },
+    /// Only pinned blocks could make room: nothing was evicted.
+    #[error("no room for a block of {size} bytes: {pinned} of the tier's {capacity} bytes are pinned")]
+    Pinned { size: u64, pinned: u64, capacity: u64 },
 }
 
 pub type Result<T> = std::result::Result<T, TierError>;
@@ -65,6 +69,13 @@ pub enum TierEvent {
 /// under the tier's lock, so it must be quick and must not call back into the tier.
 pub type EvictionSink = Box<dyn Fn(&BlockKey, &Bytes) + Send + Sync>;
 
+/// Says whether a block is pinned in a tier: eviction passes over it, and a `put` that only
+/// pinned blocks could make room for is refused with [`TierError::Pinned`] without evicting
+/// anything. It runs under the tier's lock, so it must be quick and must not call back into
+/// the tier. What is pinned may change from one call to the next (the filter reads a shared pin
+/// set); a block unpinned is evictable again at the next `put`. `remove` ignores pins.
+pub type PinFilter = std::sync::Arc<dyn Fn(&BlockKey) -> bool + Send + Sync>;
+
 #[async_trait]
 pub trait Tier: Send + Sync + 'static {
     fn kind(&self) -> TierKind;
@@ -90,6 +101,11 @@ pub trait Tier: Send + Sync + 'static {
     /// Installs the sink told of evictions; `false` when the tier does not support one (or
     /// already has one).
     fn set_eviction_sink(&self, _sink: EvictionSink) -> bool {
+        false
+    }
+    /// Installs the filter that says which blocks are pinned; `false` when the tier does not
+    /// support one (or already has one).
+    fn set_pin_filter(&self, _filter: PinFilter) -> bool {
         false
     }
     /// A block's bytes without counting as a use (so LRU order does not change); `None` on a

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::BlockKey;
 
-use super::{EvictionSink, Result, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{EvictionSink, PinFilter, Result, Tier, TierError, TierEvent, TierKind, TierUsage};
 
 /// The DRAM tier. A capacity of 0 disables it: every `put` is refused with `TooLarge` and every
 /// `get` misses.
@@ -33,6 +33,7 @@ pub struct MemoryTier {
     capacity: u64,
     inner: Mutex<Inner>,
     eviction_sink: OnceLock<EvictionSink>,
+    pin_filter: OnceLock<PinFilter>,
 }
 
 struct Entry {
@@ -85,19 +86,47 @@ impl Inner {
         Some(entry)
     }
 
-    /// Evicts the least recently used block; `None` when the tier is empty.
-    fn evict_lru(&mut self) -> Option<(BlockKey, Bytes)> {
-        let (_, key) = self.lru.first_key_value()?;
-        let key = key.clone();
-        let entry = self.remove(&key)?;
+    /// The least recently used blocks that are not pinned whose bytes make room for `size`
+    /// more, oldest first; `Err(pinned bytes)` when evicting every unpinned block would not.
+    fn victims(
+        &self,
+        size: u64,
+        capacity: u64,
+        pinned: Option<&PinFilter>,
+    ) -> std::result::Result<Vec<BlockKey>, u64> {
+        let mut victims = Vec::new();
+        let mut freed = 0;
+        let mut pinned_bytes = 0;
+        for key in self.lru.values() {
+            if self.used - freed + size <= capacity {
+                return Ok(victims);
+            }
+            let len = self.entries.get(key).map_or(0, |e| e.data.len() as u64);
+            if pinned.is_some_and(|is_pinned| is_pinned(key)) {
+                pinned_bytes += len;
+                continue;
+            }
+            freed += len;
+            victims.push(key.clone());
+        }
+        if self.used - freed + size <= capacity { Ok(victims) } else { Err(pinned_bytes) }
+    }
+
+    fn evict(&mut self, key: &BlockKey) -> Option<(BlockKey, Bytes)> {
+        let entry = self.remove(key)?;
         tracing::trace!(block = %key, tier = "memory", size = entry.data.len(), "evicted");
-        Some((key, entry.data))
+        Some((key.clone(), entry.data))
     }
 }
 
 impl MemoryTier {
     pub fn new(capacity_bytes: u64) -> Self {
-        Self { capacity: capacity_bytes, inner: Mutex::new(Inner::default()), eviction_sink: OnceLock::new() }
+        Self {
+            capacity: capacity_bytes,
+            inner: Mutex::new(Inner::default()),
+            eviction_sink: OnceLock::new(),
+            pin_filter: OnceLock::new(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -144,10 +173,15 @@ impl Tier for MemoryTier {
         }
         // A different size changes what the master was told, so it is a removal plus an
         // insertion; removing first also frees its bytes before anything else is evicted.
+        // (A refused put has then dropped the old size too: it was being replaced anyway.)
         inner.remove(key);
-        while inner.used + size > self.capacity {
-            let Some((evicted, bytes)) = inner.evict_lru() else {
-                break;
+        let victims = match inner.victims(size, self.capacity, self.pin_filter.get()) {
+            Ok(victims) => victims,
+            Err(pinned) => return Err(TierError::Pinned { size, pinned, capacity: self.capacity }),
+        };
+        for victim in victims {
+            let Some((evicted, bytes)) = inner.evict(&victim) else {
+                continue;
             };
             if let Some(sink) = self.eviction_sink.get() {
                 sink(&evicted, &bytes);
@@ -169,6 +203,10 @@ impl Tier for MemoryTier {
 
     fn set_eviction_sink(&self, sink: EvictionSink) -> bool {
         self.eviction_sink.set(sink).is_ok()
+    }
+
+    fn set_pin_filter(&self, filter: PinFilter) -> bool {
+        self.pin_filter.set(filter).is_ok()
     }
 
     fn peek(&self, key: &BlockKey) -> Option<Bytes> {
@@ -250,6 +288,34 @@ mod tests {
         // Peeking is not a use: key 2 is still the oldest.
         tier.put(&key(4), block(10, 4)).await.unwrap();
         assert_eq!(seen.lock().unwrap().last().unwrap().0, key(2));
+    }
+
+    #[tokio::test]
+    async fn pinned_blocks_are_passed_over_and_a_put_only_pins_could_serve_is_refused() {
+        let tier = MemoryTier::new(30);
+        let pinned = std::sync::Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let set = pinned.clone();
+        assert!(tier.set_pin_filter(std::sync::Arc::new(move |k| set.lock().unwrap().contains(k))));
+        for i in 0..3 {
+            tier.put(&key(i), block(10, i as u8)).await.unwrap();
+        }
+        pinned.lock().unwrap().insert(key(0));
+        // Key 0 is the oldest but pinned: key 1 goes.
+        tier.put(&key(3), block(10, 3)).await.unwrap();
+        assert_eq!(key_set(&tier).into_keys().collect::<Vec<_>>(), vec![key(0), key(2), key(3)]);
+        pinned.lock().unwrap().extend([key(2), key(3)]);
+        tier.drain_events();
+        match tier.put(&key(4), block(10, 4)).await {
+            Err(TierError::Pinned { size: 10, pinned: 30, capacity: 30 }) => {}
+            other => panic!("expected Pinned, got {other:?}"),
+        }
+        assert!(tier.drain_events().is_empty(), "nothing evicted for a refused put");
+        // 20 bytes: one unpinned block is not enough, so nothing is evicted either.
+        pinned.lock().unwrap().remove(&key(2));
+        assert!(matches!(tier.put(&key(4), block(20, 4)).await, Err(TierError::Pinned { pinned: 20, .. })));
+        assert!(tier.contains(&key(2)));
+        tier.put(&key(4), block(10, 4)).await.unwrap();
+        assert_eq!(key_set(&tier).into_keys().collect::<Vec<_>>(), vec![key(0), key(3), key(4)]);
     }
 
     #[tokio::test]

@@ -44,7 +44,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
@@ -52,7 +52,7 @@ use bytes::Bytes;
 use strata_common::BlockKey;
 use tokio::sync::Notify;
 
-use super::{Result, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{PinFilter, Result, Tier, TierError, TierEvent, TierKind, TierUsage};
 
 const MAGIC: &[u8; 8] = b"STRATABK";
 const FORMAT_VERSION: u32 = 1;
@@ -80,6 +80,7 @@ struct Shared {
     corrupt: AtomicU64,
     /// Woken whenever a busy slot settles or reserved space is released.
     settled: Notify,
+    pin_filter: OnceLock<PinFilter>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -442,6 +443,8 @@ enum BeginPut {
     Present,
     Wait,
     Write(PutJob),
+    /// Only pinned blocks (of these many bytes) could make room.
+    Pinned(u64),
 }
 
 enum BeginRemove {
@@ -477,13 +480,29 @@ impl Shared {
             return BeginPut::Wait;
         }
         let mut victims = Vec::new();
-        while index.used + index.reserved + size > self.capacity {
-            let Some((_, victim)) = index.lru.first_key_value() else {
+        let mut freed = 0;
+        let mut pinned_bytes = 0;
+        let pinned = self.pin_filter.get();
+        for key in index.lru.values() {
+            if index.used - freed + index.reserved + size <= self.capacity {
                 break;
+            }
+            let len = match index.slots.get(key) {
+                Some(Slot::Ready(ready)) => ready.size,
+                _ => 0,
             };
-            let victim = victim.clone();
-            index.retire(&victim);
-            victims.push(victim);
+            if pinned.is_some_and(|is_pinned| is_pinned(key)) {
+                pinned_bytes += len;
+                continue;
+            }
+            freed += len;
+            victims.push(key.clone());
+        }
+        if index.used - freed + index.reserved + size > self.capacity {
+            return BeginPut::Pinned(pinned_bytes);
+        }
+        for victim in &victims {
+            index.retire(victim);
         }
         index.slots.insert(key.clone(), Slot::Busy);
         index.reserved += size;
@@ -647,6 +666,7 @@ impl NvmeTier {
                 index: Mutex::new(index),
                 corrupt: AtomicU64::new(corrupt),
                 settled: Notify::new(),
+                pin_filter: OnceLock::new(),
             }),
         })
     }
@@ -740,6 +760,7 @@ impl Tier for NvmeTier {
                 BeginPut::Present => return Ok(()),
                 BeginPut::Write(job) => break job,
                 BeginPut::Wait => settled.await,
+                BeginPut::Pinned(pinned) => return Err(TierError::Pinned { size, pinned, capacity }),
             }
         };
         tokio::task::spawn_blocking(move || job.run(data)).await.map_err(join_error)?
@@ -786,6 +807,10 @@ impl Tier for NvmeTier {
 
     fn drain_events(&self) -> Vec<TierEvent> {
         std::mem::take(&mut self.shared.lock().events)
+    }
+
+    fn set_pin_filter(&self, filter: PinFilter) -> bool {
+        self.shared.pin_filter.set(filter).is_ok()
     }
 
     fn corrupt_blocks(&self) -> u64 {
@@ -1058,6 +1083,39 @@ mod tests {
         assert_eq!(block_files(dir.path()), [tier.block_path(&key(4))].into_iter().collect());
         assert_eq!(tier.usage(), TierUsage { capacity_bytes: 300, used_bytes: 250, blocks: 1 });
 
+        let mut replayed = BTreeMap::new();
+        replay(&mut replayed, tier.drain_events());
+        assert_eq!(replayed, key_set(&tier));
+    }
+
+    #[tokio::test]
+    async fn pinned_files_are_passed_over_and_a_put_only_pins_could_serve_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let tier = NvmeTier::open(dir.path(), 300).unwrap();
+        let pinned = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let set = pinned.clone();
+        assert!(tier.set_pin_filter(Arc::new(move |k| set.lock().unwrap().contains(k))));
+        for i in 0..3 {
+            tier.put(&key(i), data_for(i, 100)).await.unwrap();
+        }
+        pinned.lock().unwrap().insert(key(0));
+        tier.put(&key(3), data_for(3, 100)).await.unwrap();
+        assert_eq!(
+            block_files(dir.path()),
+            [0, 2, 3].into_iter().map(|i| tier.block_path(&key(i))).collect()
+        );
+        pinned.lock().unwrap().extend([key(2), key(3)]);
+        match tier.put(&key(4), data_for(4, 100)).await {
+            Err(TierError::Pinned { size: 100, pinned: 300, capacity: 300 }) => {}
+            other => panic!("expected Pinned, got {other:?}"),
+        }
+        assert_eq!(block_files(dir.path()).len(), 3, "nothing evicted for a refused put");
+        pinned.lock().unwrap().remove(&key(3));
+        tier.put(&key(4), data_for(4, 100)).await.unwrap();
+        assert_eq!(
+            block_files(dir.path()),
+            [0, 2, 4].into_iter().map(|i| tier.block_path(&key(i))).collect()
+        );
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, key_set(&tier));
