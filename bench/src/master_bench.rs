@@ -140,6 +140,8 @@ async fn report(addr: String, worker_token: String, args: Args, w: u64) -> anyho
                     removed: Vec::new(),
                     full_report: first,
                     journals: Vec::new(),
+                    pins_epoch: 0,
+                    frees_applied: 0,
                 })
                 .await?
                 .into_inner();

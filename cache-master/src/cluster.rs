@@ -179,6 +179,25 @@ impl Cluster {
         (mem.epoch(), mem.live_members())
     }
 
+    /// Live workers whose last heartbeat is older than `after`.
+    pub fn suspects(&self, after: Duration) -> HashSet<String> {
+        let now = self.clock.now();
+        lock(&self.membership)
+            .workers()
+            .filter(|w| w.live && now.saturating_duration_since(w.last_heartbeat) > after)
+            .map(|w| w.id.clone())
+            .collect()
+    }
+
+    /// The capacity of `tier` summed over the live workers, and how many live workers there are.
+    pub fn tier_capacity(&self, tier: Tier) -> (u64, usize) {
+        let mem = lock(&self.membership);
+        let live: Vec<&WorkerRecord> = mem.workers().filter(|w| w.live).collect();
+        let capacity =
+            live.iter().flat_map(|w| &w.tiers).filter(|t| t.tier == tier).map(|t| t.capacity_bytes).sum();
+        (capacity, live.len())
+    }
+
     pub fn live_count(&self) -> usize {
         lock(&self.membership).live_members().len()
     }
@@ -278,5 +297,27 @@ mod tests {
         store.deposed.store(true, Ordering::SeqCst);
         assert!(new.register("w3", "127.0.0.1:5", "127.0.0.1:6").is_ok());
         assert_eq!(store.load_workers().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_silent_worker_is_suspect_before_it_is_lost_and_not_after_it_beats_again() {
+        let clock = ManualClock::new();
+        let cluster = Cluster::new(Duration::from_secs(10), 1, clock.clone(), Arc::new(MemStore::default()));
+        cluster.register("w1", "127.0.0.1:1", "127.0.0.1:2").unwrap();
+        cluster.register("w2", "127.0.0.1:3", "127.0.0.1:4").unwrap();
+        let epoch = cluster.live().0;
+        clock.advance(Duration::from_secs(4));
+        cluster.heartbeat(beat("w1"));
+        let after = Duration::from_secs(3);
+        assert_eq!(cluster.suspects(after), HashSet::from(["w2".to_string()]));
+        // Suspicion moves no placement: the live set and its epoch stay.
+        assert_eq!(cluster.live().0, epoch);
+        assert_eq!(cluster.live_count(), 2);
+        cluster.heartbeat(beat("w2"));
+        assert!(cluster.suspects(after).is_empty());
+        // A lost worker is no longer a suspect: it is off the ring.
+        clock.advance(Duration::from_secs(11));
+        cluster.tick();
+        assert!(cluster.suspects(after).is_empty());
     }
 }

@@ -59,6 +59,16 @@ pub enum OpError {
     FileToken { id: String, file: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("{0} is not pinned (see `strata pins`)")]
+    NoPin(String),
+    #[error(
+        "pinning {path} ({bytes} bytes) in {tier} would pin more than the {capacity} bytes of {tier} on the {workers} live workers ({pinned} bytes are pinned already)"
+    )]
+    PinTooLarge { path: String, tier: &'static str, bytes: u64, pinned: u64, capacity: u64, workers: usize },
+    #[error("{path} holds more than {max} files: pin or free a directory below it")]
+    TooManyFiles { path: String, max: usize },
+    #[error("{path} is pinned (by the pin of {pin}): `strata unpin {pin}` first")]
+    Pinned { path: String, pin: String },
     /// A write-back commit or upload report the master cannot take.
     #[error("write-back: {0}")]
     BadCommit(String),
@@ -85,7 +95,11 @@ impl OpError {
             | Self::Schedule(_)
             | Self::TooManyReplicas { .. }
             | Self::BadCommit(_) => ErrorKind::InvalidArgument,
-            Self::NoMount(_) | Self::NoJob(_) | Self::NoSchedule(_) | Self::NoToken(_) => ErrorKind::NotFound,
+            Self::NoMount(_) | Self::NoJob(_) | Self::NoSchedule(_) | Self::NoToken(_) | Self::NoPin(_) => {
+                ErrorKind::NotFound
+            }
+            Self::PinTooLarge { .. } => ErrorKind::ResourceExhausted,
+            Self::Pinned { .. } | Self::TooManyFiles { .. } => ErrorKind::InvalidArgument,
             Self::Auth(e) => e.kind(),
             Self::FileToken { .. } => ErrorKind::InvalidArgument,
             Self::Mount(e) => e.kind(),

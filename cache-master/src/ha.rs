@@ -250,7 +250,9 @@ impl TermFollower {
         let mut parts = build_parts(&self.config, stored, self.factory.clone(), self.clock.clone());
         parts.rpc.leader = self.advertise.clone();
         let pending = parts.rpc.metadata.pending().clone();
-        let ticker = spawn_liveness_tick(&self.config, parts.cluster.clone(), pending, parts.cancel.clone());
+        let pins = parts.rpc.pins.clone();
+        let ticker =
+            spawn_liveness_tick(&self.config, parts.cluster.clone(), pending, pins, parts.cancel.clone());
         let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), parts.cancel.clone());
         resume_jobs(&parts.runner, resume, &self.config);
         self.gate.set(GateState::Leading(master_service(parts.rpc)));

@@ -29,6 +29,7 @@ mod membership;
 mod metadata;
 pub mod metrics_defs;
 mod mounts;
+pub mod pins;
 mod reports;
 mod rpc;
 mod runner;

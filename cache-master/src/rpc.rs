@@ -19,6 +19,7 @@ use crate::jobs::{JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
 use crate::metadata::Metadata;
 use crate::metrics_defs as m;
 use crate::mounts::{Mount, MountRecord};
+use crate::pins::{PinRecord, PinTier, Pins};
 use crate::reports::{BlockReport, Tier, TierUsage, WorkerCounters};
 use crate::runner::JobRunner;
 use crate::schedule::ScheduleRecord;
@@ -60,6 +61,7 @@ pub struct Rpc {
     /// This master's advertised rpc address, reported as the leader by `Status`.
     pub leader: String,
     pub tokens: Arc<Tokens>,
+    pub pins: Arc<Pins>,
 }
 
 #[tonic::async_trait]
@@ -67,7 +69,11 @@ impl MasterRpc for Rpc {
     async fn get_membership(&self, _: Request<pb::Empty>) -> RpcResult<pb::Membership> {
         count("get_membership");
         let (epoch, members) = self.cluster.live();
-        let workers = members.into_iter().map(|w| pb::Member { id: w.id, data_addr: w.data_addr }).collect();
+        let suspects = self.cluster.suspects(self.suspect_after());
+        let workers = members
+            .into_iter()
+            .map(|w| pb::Member { suspect: suspects.contains(&w.id), id: w.id, data_addr: w.data_addr })
+            .collect();
         Ok(Response::new(pb::Membership { epoch, workers }))
     }
 
@@ -201,10 +207,12 @@ impl MasterRpc for Rpc {
     async fn status(&self, _: Request<pb::Empty>) -> RpcResult<pb::ClusterStatus> {
         count("status");
         let status = self.cluster.status();
+        let suspect_after = self.suspect_after();
         let workers = status
             .workers
             .into_iter()
             .map(|w| pb::WorkerStatus {
+                suspect: w.record.live && w.since_heartbeat > suspect_after,
                 last_heartbeat_ms_ago: w.since_heartbeat.as_millis() as u64,
                 tiers: w.record.tiers.iter().map(proto_tier_usage).collect(),
                 counters: Some(proto_counters(&w.record.counters)),
@@ -269,6 +277,13 @@ impl MasterRpc for Rpc {
         } else {
             self.metadata.pending().heartbeat(&req.worker_id, &held, &self.live_ids())
         };
+        let pins_epoch = self.pins.epoch();
+        let pins_included = req.pins_epoch != pins_epoch;
+        let pins = if pins_included { self.pins.list().iter().map(pin_rule).collect() } else { Vec::new() };
+        if req.frees_applied != 0 {
+            self.pins.applied(&req.worker_id, req.frees_applied);
+        }
+        let (last_free, free) = self.pins.frees_after(req.frees_applied);
         Ok(Response::new(pb::HeartbeatResponse {
             reregister: answer.reregister,
             membership_epoch: answer.membership_epoch,
@@ -276,6 +291,11 @@ impl MasterRpc for Rpc {
             tokens_epoch: self.tokens.epoch(),
             upload: orders.upload,
             drop: orders.drop,
+            pins_epoch,
+            pins,
+            pins_included,
+            free,
+            last_free,
         }))
     }
 
@@ -362,6 +382,98 @@ impl MasterRpc for Rpc {
             })
             .collect();
         Ok(Response::new(pb::SyncResponse { pending }))
+    }
+
+    async fn pin(&self, req: Request<pb::PinRequest>) -> RpcResult<pb::PinInfo> {
+        const RPC: &str = "pin";
+        count(RPC);
+        let req = req.into_inner();
+        let r = self.metadata.resolve(&req.path).map_err(status(RPC))?;
+        let tier = match pb::PinTier::try_from(req.tier) {
+            Ok(pb::PinTier::Memory) => PinTier::Memory,
+            _ => PinTier::Nvme,
+        };
+        let bytes: u64 = self.files_under(&r.path).await.map_err(status(RPC))?.iter().map(|f| f.size).sum();
+        let (capacity, workers) = self.cluster.tier_capacity(match tier {
+            PinTier::Memory => Tier::Memory,
+            PinTier::Nvme => Tier::Nvme,
+        });
+        let pinned = self.pins.pinned_bytes(tier, &r.path);
+        if pinned.saturating_add(bytes) > capacity {
+            return Err(status(RPC)(OpError::PinTooLarge {
+                path: r.path,
+                tier: tier.label(),
+                bytes,
+                pinned,
+                capacity,
+                workers,
+            }));
+        }
+        let now = self.pins.now_ms();
+        let record = PinRecord {
+            ufs_prefix: crate::pins::ufs_prefix(&r.mount.record.uri, &r.rel),
+            path: r.path,
+            tier,
+            bytes,
+            created_unix_ms: now,
+            expires_unix_ms: (req.ttl_ms > 0)
+                .then(|| now.saturating_add(req.ttl_ms.min(i64::MAX as u64) as i64)),
+        };
+        let record = self.pins.add(record).map_err(status(RPC))?;
+        tracing::info!(path = %record.path, tier = record.tier.label(), bytes = record.bytes, "pinned");
+        Ok(Response::new(pin_info(&record)))
+    }
+
+    async fn unpin(&self, req: Request<pb::UnpinRequest>) -> RpcResult<pb::PinInfo> {
+        const RPC: &str = "unpin";
+        count(RPC);
+        let path = strata_common::path::normalize(&req.into_inner().path)
+            .map_err(|e| status(RPC)(OpError::BadPath(e)))?;
+        let record = self.pins.remove(&path).map_err(status(RPC))?;
+        tracing::info!(path = %record.path, "unpinned");
+        Ok(Response::new(pin_info(&record)))
+    }
+
+    async fn list_pins(&self, _: Request<pb::Empty>) -> RpcResult<pb::PinList> {
+        count("list_pins");
+        Ok(Response::new(pb::PinList { pins: self.pins.list().iter().map(pin_info).collect() }))
+    }
+
+    async fn free(&self, req: Request<pb::FreeRequest>) -> RpcResult<pb::FreeResponse> {
+        const RPC: &str = "free";
+        count(RPC);
+        let req = req.into_inner();
+        let r = self.metadata.resolve(&req.path).map_err(status(RPC))?;
+        if let Some(pin) = self.pins.overlapping(&r.path) {
+            return Err(status(RPC)(OpError::Pinned { path: r.path, pin: pin.path }));
+        }
+        let live = self.live_ids();
+        // What the block map lists now, to say what the free dropped.
+        let (mut blocks, mut bytes) = (0u64, 0u64);
+        for f in self.files_under(&r.path).await.map_err(status(RPC))? {
+            for (index, holders) in self.cluster.block_locations(&f.file_id, &f.version) {
+                let on_live = holders.iter().filter(|(w, _, _)| live.contains(w)).count() as u64;
+                blocks += on_live;
+                bytes += on_live * strata_common::block::block_len(f.size, f.block_size, index);
+            }
+        }
+        let seq = self.pins.queue_free(crate::pins::ufs_prefix(&r.mount.record.uri, &r.rel));
+        let wait = Duration::from_millis(if req.wait_ms == 0 { 10_000 } else { req.wait_ms.min(600_000) });
+        let deadline = tokio::time::Instant::now() + wait;
+        let done = loop {
+            let done = live.iter().filter(|w| self.pins.applied_by(w) >= seq).count();
+            if done == live.len() || tokio::time::Instant::now() >= deadline {
+                break done;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tracing::info!(path = %r.path, blocks, bytes, workers = live.len(), done, "freed");
+        Ok(Response::new(pb::FreeResponse {
+            blocks,
+            bytes,
+            workers: live.len() as u32,
+            workers_done: done as u32,
+        }))
     }
 
     async fn worker_mounts(&self, _: Request<pb::WorkerMountsRequest>) -> RpcResult<pb::MountList> {
@@ -494,7 +606,49 @@ fn token_info(r: &TokenRecord) -> pb::TokenInfo {
     }
 }
 
+/// A file under a pinned or freed path, as its blocks are keyed.
+struct FileBlocks {
+    file_id: String,
+    version: String,
+    size: u64,
+    block_size: u64,
+}
+
+/// Most files a pin or a free walks (its size, its blocks): a larger tree is refused rather
+/// than walked for minutes inside one call.
+const MAX_FILES_WALKED: usize = 1_000_000;
+
 impl Rpc {
+    /// Every file under `path` (the file itself for a file), through the paged walk of `find`.
+    async fn files_under(&self, path: &str) -> Result<Vec<FileBlocks>, OpError> {
+        let mut files = Vec::new();
+        let mut after = String::new();
+        loop {
+            let (mount, entries, next) = self.metadata.find_page(path, false, &after, MAX_PAGE, 0).await?;
+            for e in entries.into_iter().filter(|e| !e.meta.is_dir) {
+                files.push(FileBlocks {
+                    file_id: strata_common::block::file_identity(&mount.record.uri, &e.rel, mount.block_size),
+                    version: e.meta.version,
+                    size: e.meta.size,
+                    block_size: mount.block_size,
+                });
+            }
+            if files.len() > MAX_FILES_WALKED {
+                return Err(OpError::TooManyFiles { path: path.to_string(), max: MAX_FILES_WALKED });
+            }
+            match next {
+                Some(n) => after = n,
+                None => return Ok(files),
+            }
+        }
+    }
+
+    /// How long a live worker may go without a heartbeat before clients are told to ask it
+    /// last: three heartbeat intervals, so one late beat does not move reads.
+    fn suspect_after(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms.saturating_mul(3).max(1))
+    }
+
     fn live_ids(&self) -> std::collections::HashSet<String> {
         self.cluster.live().1.into_iter().map(|m| m.id).collect()
     }
@@ -511,7 +665,7 @@ impl Rpc {
             .holders
             .iter()
             .filter_map(|h| live.iter().find(|m| &m.id == h))
-            .map(|m| pb::Member { id: m.id.clone(), data_addr: m.data_addr.clone() })
+            .map(|m| pb::Member { id: m.id.clone(), data_addr: m.data_addr.clone(), suspect: false })
             .collect();
         status.persist = persist_state(view.state) as i32;
         status
@@ -530,6 +684,27 @@ fn persist_state(s: PersistState) -> pb::PersistState {
         PersistState::Pending => pb::PersistState::Pending,
         PersistState::Uploading => pb::PersistState::Uploading,
         PersistState::Failed => pb::PersistState::Failed,
+    }
+}
+
+fn proto_pin_tier(tier: PinTier) -> pb::PinTier {
+    match tier {
+        PinTier::Memory => pb::PinTier::Memory,
+        PinTier::Nvme => pb::PinTier::Nvme,
+    }
+}
+
+fn pin_rule(p: &PinRecord) -> pb::PinRule {
+    pb::PinRule { ufs_prefix: p.ufs_prefix.clone(), tier: proto_pin_tier(p.tier) as i32 }
+}
+
+fn pin_info(p: &PinRecord) -> pb::PinInfo {
+    pb::PinInfo {
+        path: p.path.clone(),
+        tier: proto_pin_tier(p.tier) as i32,
+        bytes: p.bytes,
+        created_unix_ms: p.created_unix_ms,
+        expires_unix_ms: p.expires_unix_ms.unwrap_or(0),
     }
 }
 

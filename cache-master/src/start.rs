@@ -27,6 +27,7 @@ use crate::jobs::Jobs;
 use crate::membership::WorkerEntry;
 use crate::metadata::{Metadata, MetadataParams};
 use crate::mounts::{Mount, MountTable};
+use crate::pins::Pins;
 use crate::rpc::Rpc;
 use crate::runner::{JobRunner, RunnerParams};
 use crate::schedule::Schedules;
@@ -121,9 +122,10 @@ impl Master {
         let (http_addr, http_task) = serve_http(config.http_addr, &parts.runner).await?;
         parts.rpc.leader = config.advertise_addr.clone().unwrap_or_else(|| rpc_addr.to_string());
         let pending = parts.rpc.metadata.pending().clone();
+        let pins = parts.rpc.pins.clone();
         let server = spawn_rpc(rpc_server, listener, parts.rpc, cancel.clone());
 
-        let ticker = spawn_liveness_tick(&config, parts.cluster, pending, cancel.clone());
+        let ticker = spawn_liveness_tick(&config, parts.cluster, pending, pins, cancel.clone());
         resume_jobs(&parts.runner, resume, &config);
         let jobs_ticker = spawn_jobs_tick(parts.runner.clone(), cancel.clone());
         info!(%rpc_addr, %http_addr, "master started");
@@ -147,6 +149,7 @@ pub(crate) struct Stored {
     tokens: Arc<Tokens>,
     /// Write-back files acknowledged and not yet in the UFS.
     pending: Arc<WriteBack>,
+    pins: Arc<Pins>,
 }
 
 /// The stored state, and the ids of the jobs that were running (to resume).
@@ -169,15 +172,17 @@ pub(crate) fn load_state(
     let workers = store.load_workers()?;
     let grace = std::time::Duration::from_millis(config.writeback_journal_grace_ms);
     let pending = Arc::new(WriteBack::load(store.clone(), clock.clone(), grace)?);
+    let pins = Arc::new(Pins::new(store.load_pins()?, store.clone(), clock.clone()));
     info!(
         mounts = mounts.len(),
         resuming_jobs = resume.len(),
         workers = workers.len(),
         tokens = tokens.list().len(),
+        pins = pins.list().len(),
         auth = config.auth,
         "master state loaded"
     );
-    Ok((Stored { store, mounts, jobs, schedules, workers, tokens, pending }, resume))
+    Ok((Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins }, resume))
 }
 
 /// The master's parts, each handed what it uses, and the token that stops them.
@@ -194,7 +199,7 @@ pub(crate) fn build_parts(
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
 ) -> Parts {
-    let Stored { store, mounts, jobs, schedules, workers, tokens, pending } = stored;
+    let Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins } = stored;
     let cancel = CancellationToken::new();
     let metadata = Arc::new(Metadata::new(MetadataParams {
         mounts,
@@ -227,6 +232,7 @@ pub(crate) fn build_parts(
         heartbeat_interval_ms: config.heartbeat_interval_ms,
         leader: String::new(),
         tokens,
+        pins,
     };
     Parts { cluster, runner, rpc, cancel }
 }
@@ -344,12 +350,14 @@ pub(crate) fn spawn_liveness_tick(
     config: &MasterConfig,
     cluster: Arc<Cluster>,
     pending: Arc<WriteBack>,
+    pins: Arc<Pins>,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
     let every = Duration::from_millis((config.worker_timeout_ms / 4).clamp(10, 1000));
     spawn_loop(every, cancel, move || {
         cluster.tick();
         pending.tick();
+        pins.tick();
         std::future::ready(())
     })
 }

@@ -17,6 +17,7 @@ use thiserror::Error;
 use crate::jobs::JobRecord;
 use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
+use crate::pins::PinRecord;
 use crate::schedule::ScheduleRecord;
 use crate::writeback::PendingRecord;
 
@@ -27,6 +28,7 @@ const JOBS: TableDefinition<&str, &str> = TableDefinition::new("jobs");
 const SCHEDULES: TableDefinition<&str, &str> = TableDefinition::new("schedules");
 const TOKENS: TableDefinition<&str, &str> = TableDefinition::new("tokens");
 const PENDING: TableDefinition<&str, &str> = TableDefinition::new("writeback");
+const PINS: TableDefinition<&str, &str> = TableDefinition::new("pins");
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -88,6 +90,10 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError>;
     fn put_pending(&self, record: &PendingRecord) -> Result<(), StoreError>;
     fn delete_pending(&self, path: &str) -> Result<(), StoreError>;
+
+    fn load_pins(&self) -> Result<Vec<PinRecord>, StoreError>;
+    fn put_pin(&self, record: &PinRecord) -> Result<(), StoreError>;
+    fn delete_pin(&self, path: &str) -> Result<(), StoreError>;
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -108,6 +114,7 @@ impl RedbStore {
         txn.open_table(SCHEDULES).map_err(db_err)?;
         txn.open_table(TOKENS).map_err(db_err)?;
         txn.open_table(PENDING).map_err(db_err)?;
+        txn.open_table(PINS).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db: Mutex::new(Some(db)) })
     }
@@ -238,6 +245,18 @@ impl MetaStore for RedbStore {
         self.delete(PENDING, path)
     }
 
+    fn load_pins(&self) -> Result<Vec<PinRecord>, StoreError> {
+        self.load_all(PINS)
+    }
+
+    fn put_pin(&self, record: &PinRecord) -> Result<(), StoreError> {
+        self.put(PINS, &record.path, record)
+    }
+
+    fn delete_pin(&self, path: &str) -> Result<(), StoreError> {
+        self.delete(PINS, path)
+    }
+
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -250,6 +269,7 @@ impl MetaStore for RedbStore {
 pub(crate) struct MemStore {
     pub workers: Mutex<std::collections::BTreeMap<String, WorkerEntry>>,
     pub pending: Mutex<std::collections::BTreeMap<String, PendingRecord>>,
+    pub pins: Mutex<std::collections::BTreeMap<String, PinRecord>>,
     pub deposed: std::sync::atomic::AtomicBool,
 }
 
@@ -326,6 +346,19 @@ impl MetaStore for MemStore {
     fn delete_pending(&self, path: &str) -> Result<(), StoreError> {
         self.write()?;
         self.pending.lock().unwrap().remove(path);
+        Ok(())
+    }
+    fn load_pins(&self) -> Result<Vec<PinRecord>, StoreError> {
+        Ok(self.pins.lock().unwrap().values().cloned().collect())
+    }
+    fn put_pin(&self, record: &PinRecord) -> Result<(), StoreError> {
+        self.write()?;
+        self.pins.lock().unwrap().insert(record.path.clone(), record.clone());
+        Ok(())
+    }
+    fn delete_pin(&self, path: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.pins.lock().unwrap().remove(path);
         Ok(())
     }
     fn close(&self) {}

@@ -28,6 +28,7 @@ pub mod loader;
 mod master_link;
 pub mod metrics_defs;
 pub mod mounts;
+pub mod pins;
 pub mod qos;
 pub mod sidecar;
 pub mod stats;
@@ -90,6 +91,8 @@ pub struct WorkerHandle {
     pub grants: Arc<Grants>,
     /// The data plane's open connections, limits and refusal/timeout counts.
     pub connections: Arc<dataplane::Connections>,
+    /// The pins and frees this worker applies, as the master last told it.
+    pub pins: Arc<pins::PinSet>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -266,7 +269,11 @@ impl Worker {
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
         };
-        let linked = master_link::Linked { blocks: blocks.clone(), view, auth, writeback };
+        let pins = pins::PinSet::new();
+        let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
+        pins.install(&tiers);
+        let linked =
+            master_link::Linked { blocks: blocks.clone(), view, auth, writeback, pins: pins.clone() };
         let link = tokio::spawn(master_link::run(master.clone(), identity, linked, clock, cancel.clone()));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
@@ -278,6 +285,7 @@ impl Worker {
             blocks,
             grants,
             connections,
+            pins,
             cancel,
             tasks: vec![dp, http_task, link, loader, writeback],
         })

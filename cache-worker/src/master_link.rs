@@ -229,6 +229,14 @@ fn report(key: &strata_common::BlockKey, tier: TierKind, size: u64) -> BlockRepo
     }
 }
 
+fn pin_rule(rule: &strata_proto::PinRule) -> (String, TierKind) {
+    let tier = match strata_proto::PinTier::try_from(rule.tier) {
+        Ok(strata_proto::PinTier::Memory) => TierKind::Memory,
+        _ => TierKind::Nvme,
+    };
+    (rule.ufs_prefix.clone(), tier)
+}
+
 fn proto_counters(c: CounterSnapshot) -> WorkerCounters {
     WorkerCounters {
         cache_hits: c.cache_hits,
@@ -246,6 +254,8 @@ pub struct Linked {
     pub view: Arc<LastView>,
     pub auth: Arc<PeerAuth>,
     pub writeback: Arc<WriteBack>,
+    /// Installed in the tiers by the caller; kept up to date here.
+    pub pins: Arc<crate::pins::PinSet>,
 }
 
 /// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
@@ -256,7 +266,7 @@ pub async fn run(
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
-    let Linked { blocks, view, auth, writeback } = parts;
+    let Linked { blocks, view, auth, writeback, pins } = parts;
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;
@@ -343,6 +353,8 @@ pub async fn run(
                     age_ms: j.age_ms,
                 })
                 .collect(),
+            pins_epoch: pins.epoch(),
+            frees_applied: pins.frees_applied(),
         };
         match client.heartbeat(req).await {
             Ok(resp) => {
@@ -361,6 +373,12 @@ pub async fn run(
                 }
                 for id in resp.drop {
                     writeback.drop_journal(&id);
+                }
+                if resp.pins_included {
+                    pins.replace(resp.pins_epoch, resp.pins.iter().map(pin_rule).collect());
+                }
+                if resp.last_free != pins.frees_applied() {
+                    pins.free(&tiers, &resp.free, resp.last_free).await;
                 }
                 for id in resp.upload {
                     writeback.upload(id);

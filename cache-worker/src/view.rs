@@ -58,8 +58,10 @@ mod tests {
     fn encodes_the_last_view_with_the_last_contact() {
         let view = LastView::default();
         assert_eq!(view.encoded(), None, "nothing before the master was heard");
-        let membership =
-            Membership { epoch: 7, workers: vec![Member { id: "w1".into(), data_addr: "h:1".into() }] };
+        let membership = Membership {
+            epoch: 7,
+            workers: vec![Member { id: "w1".into(), data_addr: "h:1".into(), suspect: false }],
+        };
         let mount = MountInfo {
             path: "/data".into(),
             uri: "s3://b/p".into(),

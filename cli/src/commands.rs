@@ -47,6 +47,14 @@ pub async fn run(cli: Cli) -> Result<()> {
             sync(&t, &path, wait.then_some(timeout.as_str()), json).await
         }
         Command::Status { json } => status(&t, json).await,
+        Command::Pin { path, tier, ttl } => pin(&t, &path, &tier, ttl.as_deref()).await,
+        Command::Unpin { path } => {
+            let p = connect(&t).await?.unpin(&path).await?;
+            eprintln!("unpinned {} ({})", p.path, tier_name(p.tier));
+            Ok(())
+        }
+        Command::Pins { json } => pins(&t, json).await,
+        Command::Free { path, wait } => free(&t, &path, &wait).await,
         Command::Warmup(args) => crate::warmup::warmup(&connect(&t).await?, args).await,
         Command::Job(cmd) => crate::warmup::job(&connect(&t).await?, cmd).await,
         Command::Token(cmd) => token_command(&t, cmd).await,
@@ -497,6 +505,79 @@ async fn put(target: &Target, src: &Path, path: &str, wait: Option<&str>) -> Res
     Ok(())
 }
 
+fn tier_name(tier: i32) -> &'static str {
+    match strata_client::PinTier::try_from(tier) {
+        Ok(strata_client::PinTier::Memory) => "memory",
+        _ => "nvme",
+    }
+}
+
+fn unix_ms_text(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), |t| t.to_rfc3339())
+}
+
+async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>) -> Result<()> {
+    let tier = match tier {
+        "memory" | "dram" => strata_client::PinTier::Memory,
+        "nvme" => strata_client::PinTier::Nvme,
+        other => bail!("--tier {other:?}: expected memory or nvme"),
+    };
+    let ttl = ttl
+        .map(|t| {
+            strata_common::units::parse_duration(t)
+                .filter(|d| !d.is_zero())
+                .with_context(|| format!("--ttl {t:?}: expected a duration such as 30m, 12h or 7d"))
+        })
+        .transpose()?;
+    let p = connect(target).await?.pin(path, tier, ttl).await?;
+    let until = if p.expires_unix_ms == 0 {
+        String::new()
+    } else {
+        format!(" until {}", unix_ms_text(p.expires_unix_ms))
+    };
+    eprintln!("pinned {} in {} ({} bytes){until}", p.path, tier_name(p.tier), p.bytes);
+    Ok(())
+}
+
+async fn pins(target: &Target, as_json: bool) -> Result<()> {
+    let pins = connect(target).await?.pins().await?;
+    if as_json {
+        let items: Vec<_> = pins
+            .iter()
+            .map(|p| {
+                json!({"path": p.path, "tier": tier_name(p.tier), "bytes": p.bytes,
+                       "created_unix_ms": p.created_unix_ms,
+                       "expires_unix_ms": (p.expires_unix_ms != 0).then_some(p.expires_unix_ms)})
+            })
+            .collect();
+        outln!("{}", serde_json::to_string_pretty(&items)?)?;
+    } else if pins.is_empty() {
+        eprintln!("nothing is pinned");
+    } else {
+        for p in &pins {
+            let until =
+                if p.expires_unix_ms == 0 { "-".to_string() } else { unix_ms_text(p.expires_unix_ms) };
+            outln!("{:<6} {:>14}  {:<25}  {}", tier_name(p.tier), p.bytes, until, p.path)?;
+        }
+    }
+    Ok(())
+}
+
+async fn free(target: &Target, path: &str, wait: &str) -> Result<()> {
+    let wait = strata_common::units::parse_duration(wait)
+        .with_context(|| format!("--wait {wait:?}: expected a duration such as 10s"))?;
+    let r = connect(target).await?.free(path, wait).await?;
+    eprintln!(
+        "freed {} cached blocks ({} bytes) of {path}; {} of {} workers dropped them{}",
+        r.blocks,
+        r.bytes,
+        r.workers_done,
+        r.workers,
+        if r.workers_done < r.workers { " (the rest will at their next heartbeat)" } else { "" }
+    );
+    Ok(())
+}
+
 async fn sync(target: &Target, path: &str, wait: Option<&str>, as_json: bool) -> Result<()> {
     let timeout = wait.map(parse_timeout).transpose()?;
     let client = connect(target).await?;
@@ -553,7 +634,7 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
                     .iter()
                     .map(|t| json!({"tier": tier_name(t.tier), "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "blocks": t.blocks}))
                     .collect();
-                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "live": w.live,
+                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "live": w.live, "suspect": w.suspect,
                     "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers});
                 v.as_object_mut().expect("object").extend(
                     counters(&w.counters.unwrap_or_default()).as_object().expect("object").clone(),
@@ -588,7 +669,11 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
             "worker {} {} {} (heartbeat {} ms ago) blocks {} hits {} misses {} ufs bytes {}",
             w.id,
             w.data_addr,
-            if w.live { "live" } else { "LOST" },
+            match (w.live, w.suspect) {
+                (true, false) => "live",
+                (true, true) => "SUSPECT",
+                (false, _) => "LOST",
+            },
             w.last_heartbeat_ms_ago,
             w.blocks,
             c.cache_hits,

@@ -153,6 +153,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Pin the cached blocks of the files under PATH: the tier's eviction passes over them on
+    /// every worker (blocks are cached as they are read or warmed up: `strata warmup PATH`).
+    /// Durable on the master; refused when the pins of the tier would exceed its capacity
+    /// across the live workers. See docs/CACHE_CONTROL.md.
+    Pin {
+        path: String,
+        /// memory (DRAM) or nvme.
+        #[arg(long, default_value = "nvme")]
+        tier: String,
+        /// Unpin by itself after this long (e.g. 12h, 7d). Default: until `strata unpin`.
+        #[arg(long)]
+        ttl: Option<String>,
+    },
+    /// Remove the pin of PATH (exactly the path pinned).
+    Unpin { path: String },
+    /// List pins: path, tier, bytes when pinned, expiry.
+    Pins {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the cached blocks of the files under PATH from every worker now. No byte moves
+    /// from the UFS until they are read again. Refused for a pinned path (unpin it first).
+    Free {
+        path: String,
+        /// How long to wait for every live worker to drop them (e.g. 10s).
+        #[arg(long, default_value = "10s")]
+        wait: String,
+    },
     /// Show workers, tiers, blocks and cache hit/miss counters.
     Status {
         #[arg(long)]

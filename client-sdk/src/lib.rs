@@ -22,6 +22,7 @@
 
 mod error;
 mod fsops;
+mod health;
 mod jobs;
 mod listings;
 pub mod outage;
@@ -32,7 +33,7 @@ mod tokens;
 pub mod transport;
 mod upstream;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -53,12 +54,14 @@ use crate::outage::{FALLBACK_DEADLINE, Outage};
 
 pub use error::{ClientError, Result, Unserved};
 pub use fsops::StrataWriter;
+pub use health::HedgePolicy;
 pub use jobs::job_finished;
 pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
 #[cfg(feature = "rdma")]
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
+pub use strata_proto::{FreeResponse, PinInfo, PinTier};
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
 pub use strata_proto::{PendingFile, PersistState};
 pub use strata_security::tls::TlsConfig;
@@ -69,6 +72,9 @@ pub use upstream::ClusterUpstream;
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
 pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";
+/// Counter: block reads sent to a second worker because the first had not answered within its
+/// hedging deadline (see [`HedgePolicy`]).
+pub const METRIC_HEDGES: &str = "strata_client_hedged_reads_total";
 /// Counter: block reads the sidecar could not serve that went to the cluster over TCP.
 pub const METRIC_SIDECAR_FALLBACKS: &str = "strata_client_sidecar_fallbacks_total";
 /// Environment variable naming the sidecar's Unix socket (read by [`ClientConfig::new`]).
@@ -91,6 +97,11 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Deadline of one block request to one worker.
     pub request_timeout: Duration,
+    /// When a block read unanswered by one worker is sent to the next owner as well (the first
+    /// answer is taken): after the worker's recent latency, between `hedge.min` and
+    /// `hedge.max`. Default 100 ms to 700 ms, so a frozen worker never holds a read for a
+    /// second; `max` zero turns it off.
+    pub hedge: HedgePolicy,
     /// Largest `read_range` answered in one buffer; larger reads should stream.
     pub max_read_len: u64,
     /// Unix socket of the pod's sidecar worker: blocks are asked of it first, and of the
@@ -164,6 +175,7 @@ impl ClientConfig {
             parallelism: 16,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(60),
+            hedge: HedgePolicy::default(),
             max_read_len: 4 << 30,
             sidecar_socket: std::env::var_os(SIDECAR_SOCKET_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
             short_circuit: shortcircuit::enabled_by_env(),
@@ -276,12 +288,20 @@ struct View {
     /// worker, reads still try the workers it last knew before giving up.
     last_members: Ring,
     mounts: Vec<MountInfo>,
+    /// Ids of workers the master says have stopped heartbeating (still on the ring): asked last.
+    suspects: HashSet<String>,
     fetched: Instant,
 }
 
 impl View {
     fn empty(now: Instant) -> Self {
-        Self { ring: Ring::default(), last_members: Ring::default(), mounts: Vec::new(), fetched: now }
+        Self {
+            ring: Ring::default(),
+            last_members: Ring::default(),
+            mounts: Vec::new(),
+            suspects: HashSet::new(),
+            fetched: now,
+        }
     }
 }
 
@@ -298,6 +318,8 @@ struct Inner {
     view: RwLock<View>,
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
     failovers: std::sync::atomic::AtomicU64,
+    hedges: std::sync::atomic::AtomicU64,
+    health: health::Health,
     outage: Outage,
     listings: Listings,
 }
@@ -593,6 +615,8 @@ impl Client {
                 view: RwLock::new(view),
                 stats: Mutex::new(stats),
                 failovers: Default::default(),
+                hedges: Default::default(),
+                health: health::Health::new(config.hedge),
                 outage: Outage::new(
                     config.master_outage_grace,
                     config.membership_refresh,
@@ -609,6 +633,12 @@ impl Client {
     /// `strata_client_failovers_total` metric, for this client alone).
     pub fn failovers(&self) -> u64 {
         self.inner.failovers.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Block reads sent to a second worker because the first was slow to answer (as the
+    /// `strata_client_hedged_reads_total` metric, for this client alone).
+    pub fn hedged_reads(&self) -> u64 {
+        self.inner.hedges.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -642,6 +672,7 @@ impl Client {
     }
 
     fn set_view(&self, membership: strata_proto::Membership, mounts: Vec<MountInfo>) {
+        let suspects = membership.workers.iter().filter(|w| w.suspect).map(|w| w.id.clone()).collect();
         let members =
             membership.workers.into_iter().map(|w| Member { id: w.id, data_addr: w.data_addr }).collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
@@ -652,6 +683,7 @@ impl Client {
         }
         view.ring = ring;
         view.mounts = mounts;
+        view.suspects = suspects;
         view.fetched = self.inner.config.clock.now();
     }
 
@@ -953,24 +985,143 @@ impl Client {
             if ring.is_empty() {
                 return Err(ClientError::unavailable("no live workers in the cluster"));
             }
-            for (attempt, owner) in ring.owners(hash, ring.members().len()).into_iter().enumerate() {
-                match sink.read(self.inner.transport.as_ref(), &owner.data_addr, &req).await {
-                    Ok(bytes) => {
-                        if attempt > 0 || round > 0 {
-                            metrics::counter!(METRIC_FAILOVERS).increment(1);
-                            self.inner.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        return Ok(bytes);
+            let owners =
+                self.in_asking_order(ring.owners(hash, ring.members().len()).into_iter().cloned().collect());
+            match self.read_from_owners(&owners, &req, &mut sink).await {
+                Asked::Served { bytes, by } => {
+                    if by > 0 || round > 0 {
+                        metrics::counter!(METRIC_FAILOVERS).increment(1);
+                        self.inner.failovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    Err(e) if e.try_next_worker() => {
-                        warn!(worker = %owner.id, block = slice.index, path = %info.path, err = %e, "worker failed; trying the next");
-                        last_err = Some(e);
-                    }
-                    Err(e) => return Err(ClientError::from_transport(e)),
+                    return Ok(bytes);
                 }
+                Asked::Refused(e) => return Err(ClientError::from_transport(e)),
+                Asked::Failed(e) => last_err = e.or(last_err),
             }
         }
         Err(ClientError::unserved(last_err, "no worker answered"))
+    }
+
+    /// A block's owners in the order they are asked: those neither the master nor this client
+    /// suspects first, each group in ring order (so placement, and with it the cache, holds).
+    fn in_asking_order(&self, owners: Vec<Member>) -> Vec<Member> {
+        let now = tokio::time::Instant::now();
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        let (trusted, suspect): (Vec<Member>, Vec<Member>) = owners.into_iter().partition(|m| {
+            !view.suspects.contains(&m.id) && !self.inner.health.is_suspect(&m.data_addr, now)
+        });
+        trusted.into_iter().chain(suspect).collect()
+    }
+
+    /// One block read from `owners`, hedged: the first is asked (into `sink`); when it fails
+    /// the next is asked at once, and when it has not answered within its hedging deadline the
+    /// next is asked as well while it goes on, and so on down the list. The first answer wins
+    /// and the reads still pending are dropped (their connections with them, so none is reused
+    /// out of sync). Only the first read goes straight into `sink`; any other's bytes are
+    /// copied there, which costs a copy only when the first did not serve.
+    async fn read_from_owners(
+        &self,
+        owners: &[Member],
+        req: &ReadBlockRequest,
+        sink: &mut Sink<'_>,
+    ) -> Asked {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        use tokio::time::Instant;
+
+        let transport = self.inner.transport.as_ref();
+        let health = &self.inner.health;
+        let Some(first) = owners.first() else { return Asked::Failed(None) };
+        let started = Instant::now();
+        let mut primary = Some(Box::pin(sink.read(transport, &first.data_addr, req)));
+        let mut others: FuturesUnordered<OtherRead<'_>> = FuturesUnordered::new();
+        // Owners asked so far, each with when it was asked; `None` once it has answered or failed.
+        let mut asked: Vec<Option<Instant>> = vec![Some(started)];
+        let mut hedge_at = started + health.hedge_after(&first.data_addr);
+        let mut last_err = None;
+        let won = loop {
+            let can_ask_more = asked.len() < owners.len();
+            if primary.is_none() && others.is_empty() {
+                if !can_ask_more {
+                    break None;
+                }
+                // Nothing in flight: ask the next owner now.
+                hedge_at = Instant::now();
+            }
+            let hedge = health.hedging() || (primary.is_none() && others.is_empty());
+            tokio::select! {
+                biased;
+                answer = async { primary.as_mut().expect("guarded").await }, if primary.is_some() => {
+                    primary = None;
+                    let at = asked[0].take().expect("asked");
+                    match answer {
+                        Ok(bytes) => {
+                            health.answered(&first.data_addr, at.elapsed());
+                            break Some((0, bytes));
+                        }
+                        Err(e) if e.try_next_worker() => {
+                            warn!(worker = %first.id, block = req.block_index, path = %req.path, err = %e, "worker failed; trying the next");
+                            health.failed(&first.data_addr, Instant::now());
+                            last_err = Some(e);
+                        }
+                        Err(e) => {
+                            health.answered(&first.data_addr, at.elapsed());
+                            return Asked::Refused(e);
+                        }
+                    }
+                }
+                Some((i, answer)) = others.next(), if !others.is_empty() => {
+                    let owner: &Member = &owners[i];
+                    let at = asked[i].take().expect("asked");
+                    match answer {
+                        Ok(bytes) => {
+                            health.answered(&owner.data_addr, at.elapsed());
+                            break Some((i, Some(bytes)));
+                        }
+                        Err(e) if e.try_next_worker() => {
+                            warn!(worker = %owner.id, block = req.block_index, path = %req.path, err = %e, "worker failed; trying the next");
+                            health.failed(&owner.data_addr, Instant::now());
+                            last_err = Some(e);
+                        }
+                        Err(e) => {
+                            health.answered(&owner.data_addr, at.elapsed());
+                            return Asked::Refused(e);
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(hedge_at), if can_ask_more && hedge => {
+                    let i = asked.len();
+                    let owner = &owners[i];
+                    if asked.iter().any(Option::is_some) {
+                        debug!(worker = %owner.id, block = req.block_index, path = %req.path, "no answer within the hedging deadline; asking the next owner as well");
+                        metrics::counter!(METRIC_HEDGES).increment(1);
+                        self.inner.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    let now = Instant::now();
+                    asked.push(Some(now));
+                    hedge_at = now + health.hedge_after(&owner.data_addr);
+                    let addr = owner.data_addr.clone();
+                    others.push(Box::pin(async move {
+                        (i, transport.read_block(&addr, req).await.map(|(bytes, _)| bytes))
+                    }));
+                }
+            }
+        };
+        drop(primary);
+        drop(others);
+        let Some((by, bytes)) = won else { return Asked::Failed(last_err) };
+        // Those asked before the winner and still silent were outrun.
+        let now = Instant::now();
+        for (i, pending) in asked.iter().enumerate().take(by) {
+            if pending.is_some() && health.outrun(&owners[i].data_addr, now) {
+                warn!(worker = %owners[i].id, block = req.block_index, path = %req.path, "worker is slow to answer; asking it last for a while");
+            }
+        }
+        let bytes = match bytes {
+            // The first owner's answer is in the sink already.
+            Some(bytes) if by > 0 => sink.deliver(bytes),
+            other => other,
+        };
+        Asked::Served { bytes, by }
     }
 
     /// A block range of a write-back file not yet uploaded, from the workers whose journals
@@ -1039,6 +1190,39 @@ impl Client {
         self.refresh_view().await
     }
 
+    /// Pins the cached blocks of the files under `path` in `tier` of every worker (NVMe when
+    /// unspecified), until [`unpin`](Self::unpin) or for `ttl`. Refused when the pins of the
+    /// tier would exceed its capacity across the live workers.
+    pub async fn pin(&self, path: &str, tier: PinTier, ttl: Option<Duration>) -> Result<PinInfo> {
+        let req = strata_proto::PinRequest {
+            path: path.to_string(),
+            tier: tier as i32,
+            ttl_ms: ttl.map_or(0, |d| d.as_millis().min(u64::MAX as u128) as u64),
+        };
+        Ok(self.master().pin(req).await.map_err(self.rpc_err("pin"))?.into_inner())
+    }
+
+    /// Removes the pin of exactly `path`.
+    pub async fn unpin(&self, path: &str) -> Result<PinInfo> {
+        let req = strata_proto::UnpinRequest { path: path.to_string() };
+        Ok(self.master().unpin(req).await.map_err(self.rpc_err("unpin"))?.into_inner())
+    }
+
+    pub async fn pins(&self) -> Result<Vec<PinInfo>> {
+        Ok(self.master().list_pins(Empty {}).await.map_err(self.rpc_err("list_pins"))?.into_inner().pins)
+    }
+
+    /// Drops the cached blocks of the files under `path` from every live worker now (waiting up
+    /// to `wait` for all of them); nothing moves from the UFS until they are read again.
+    /// Refused for a pinned path.
+    pub async fn free(&self, path: &str, wait: Duration) -> Result<FreeResponse> {
+        let req = strata_proto::FreeRequest {
+            path: path.to_string(),
+            wait_ms: wait.as_millis().clamp(1, u64::MAX as u128) as u64,
+        };
+        Ok(self.master().free(req).await.map_err(self.rpc_err("free"))?.into_inner())
+    }
+
     pub async fn status(&self) -> Result<ClusterStatus> {
         Ok(self.master().status(Empty {}).await.map_err(self.rpc_err("status"))?.into_inner())
     }
@@ -1072,6 +1256,20 @@ impl Client {
             from_index = next;
         }
     }
+}
+
+/// A block read from an owner other than the first: its position in the owners and its bytes.
+type OtherRead<'a> =
+    std::pin::Pin<Box<dyn Future<Output = (usize, std::result::Result<Bytes, TransportError>)> + Send + 'a>>;
+
+/// How a hedged block read ([`Client::read_from_owners`]) ended.
+enum Asked {
+    /// The `by`-th owner asked served it (the bytes for `Sink::New`, `None` once in the sink).
+    Served { bytes: Option<Bytes>, by: usize },
+    /// A refusal any worker would give (not found, changed, denied): asking others is useless.
+    Refused(TransportError),
+    /// Every owner failed; the last error.
+    Failed(Option<TransportError>),
 }
 
 /// How data-plane connections are made: the connect timeout, TLS when `config.tls` says (its

@@ -869,13 +869,20 @@ mod faulty {
         inner: Arc<dyn Transport>,
         /// Reads to these addresses fail as if the connection was refused.
         pub down: Mutex<Vec<String>>,
+        /// Reads to these addresses never answer, as a stopped process's accepted connection.
+        pub frozen: Mutex<Vec<String>>,
         /// The next N reads (to any address) fail.
         pub fail_next: AtomicU64,
     }
 
     impl FaultyTransport {
         pub fn new(inner: Arc<dyn Transport>) -> Self {
-            Self { inner, down: Mutex::new(Vec::new()), fail_next: AtomicU64::new(0) }
+            Self {
+                inner,
+                down: Mutex::new(Vec::new()),
+                frozen: Mutex::new(Vec::new()),
+                fail_next: AtomicU64::new(0),
+            }
         }
     }
 
@@ -894,6 +901,13 @@ mod faulty {
             }
             Ok(())
         }
+
+        /// Never returns for a frozen address (the caller's deadline or hedge ends the wait).
+        async fn freeze(&self, addr: &str) {
+            if self.frozen.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|a| a == addr) {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     #[async_trait]
@@ -904,6 +918,7 @@ mod faulty {
             req: &ReadBlockRequest,
         ) -> Result<(Bytes, Source), TransportError> {
             self.check(addr)?;
+            self.freeze(addr).await;
             self.inner.read_block(addr, req).await
         }
 
@@ -914,6 +929,7 @@ mod faulty {
             dst: &mut [u8],
         ) -> Result<Source, TransportError> {
             self.check(addr)?;
+            self.freeze(addr).await;
             self.inner.read_block_into(addr, req, dst).await
         }
     }

@@ -13,13 +13,14 @@ use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
     AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, CommitWriteRequest,
     CommitWriteResponse, CreateTokenRequest, CreateTokenResponse, DeleteRequest, Empty,
-    FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, HeartbeatRequest, HeartbeatResponse,
-    InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest, ListRequest, ListResponse, LoadTasks,
-    Member, Membership, MkdirRequest, MountInfo, MountList, RegisterWorkerRequest, RegisterWorkerResponse,
-    RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId,
-    ScheduleInfo, ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse,
-    TokenInfo, TokenList, UploadResultRequest, UploadResultResponse, WorkerMountsRequest, WorkerTokenTable,
-    WorkerTokensRequest,
+    FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, FreeRequest, FreeResponse,
+    HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
+    ListRequest, ListResponse, LoadTasks, Member, Membership, MkdirRequest, MountInfo, MountList, PinInfo,
+    PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest,
+    ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId, ScheduleInfo,
+    ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse, TokenInfo,
+    TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse, WorkerMountsRequest,
+    WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -42,7 +43,7 @@ macro_rules! fake_master {
         #[async_trait::async_trait]
         impl Master for FakeMaster {
             async fn get_membership(&self, _: Request<Empty>) -> Result<Response<Membership>, Status> {
-                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string() };
+                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string(), suspect: false };
                 Ok(Response::new(Membership { epoch: 1, workers: vec![worker] }))
             }
 
@@ -103,6 +104,10 @@ fake_master! {
     commit_write(CommitWriteRequest) -> CommitWriteResponse;
     upload_result(UploadResultRequest) -> UploadResultResponse;
     sync(SyncRequest) -> SyncResponse;
+    pin(PinRequest) -> PinInfo;
+    unpin(UnpinRequest) -> PinInfo;
+    list_pins(Empty) -> PinList;
+    free(FreeRequest) -> FreeResponse;
 }
 
 /// Answers every block read with an error frame of the kind its path names. A `BadFrame` is

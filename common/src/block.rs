@@ -76,6 +76,21 @@ pub fn file_identity(ufs_uri: &str, rel_path: &str, block_size: u64) -> String {
     format!("{}/{}#bs{}", ufs_uri.trim_end_matches('/'), rel_path, block_size)
 }
 
+/// The prefix of the file identities of everything at or under `rel` (relative to the mount)
+/// on the mount at `uri`: what pins and frees name (see [`identity_under`]).
+pub fn identity_prefix(ufs_uri: &str, rel: &str) -> String {
+    format!("{}/{}", ufs_uri.trim_end_matches('/'), rel.trim_matches('/'))
+}
+
+/// Whether a file identity falls under an [`identity_prefix`]: the file itself, or below it at
+/// a `/` (so a prefix of `a/b` covers `a/b/c` and the file `a/b`, never `a/bc`).
+pub fn identity_under(prefix: &str, file_identity: &str) -> bool {
+    match file_identity.strip_prefix(prefix) {
+        None => false,
+        Some(rest) => prefix.ends_with('/') || rest.starts_with('/') || rest.starts_with("#bs"),
+    }
+}
+
 /// One block's share of a byte range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockSlice {

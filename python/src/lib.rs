@@ -49,6 +49,8 @@ fn to_py(e: ClientError) -> PyErr {
         K::InvalidArgument => PyValueError::new_err(msg),
         K::AlreadyExists => PyFileExistsError::new_err(msg),
         K::Unavailable => PyConnectionError::new_err(msg),
+        // No room (a pin beyond a tier's capacity): an OSError whose errno says so.
+        K::ResourceExhausted => PyOSError::new_err((libc::ENOSPC, msg)),
         _ => PyOSError::new_err(msg),
     }
 }
@@ -130,6 +132,21 @@ fn info_dict<'py>(py: Python<'py>, f: &FileInfo) -> PyResult<Bound<'py, PyDict>>
     // and the workers whose journals hold it until then.
     d.set_item("persist", f.persist.as_str())?;
     d.set_item("holders", f.holders.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())?;
+    Ok(d)
+}
+
+/// A pin, as `Client.pin`/`pins` return it (`expires` in Unix seconds, None: never).
+fn pin_dict<'py>(py: Python<'py>, p: &strata_client::PinInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("path", &p.path)?;
+    let tier = match strata_client::PinTier::try_from(p.tier) {
+        Ok(strata_client::PinTier::Memory) => "memory",
+        _ => "nvme",
+    };
+    d.set_item("tier", tier)?;
+    d.set_item("bytes", p.bytes)?;
+    d.set_item("created", p.created_unix_ms as f64 / 1000.0)?;
+    d.set_item("expires", (p.expires_unix_ms != 0).then(|| p.expires_unix_ms as f64 / 1000.0))?;
     Ok(d)
 }
 
@@ -513,6 +530,64 @@ impl Client {
             out.append(pending_dict(py, f)?)?;
         }
         Ok(out)
+    }
+
+    /// Pins the cached blocks under `path` in `tier` ("memory" or "nvme"), for `ttl_secs` (0:
+    /// until unpinned). Returns the pin as a dict.
+    #[pyo3(signature = (path, tier="nvme", ttl_secs=0.0))]
+    fn pin<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        tier: &str,
+        ttl_secs: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let tier = match tier {
+            "memory" | "dram" => strata_client::PinTier::Memory,
+            "nvme" => strata_client::PinTier::Nvme,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "tier {other:?}: expected \"memory\" or \"nvme\""
+                )));
+            }
+        };
+        if !ttl_secs.is_finite() || ttl_secs < 0.0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "ttl {ttl_secs}: expected seconds >= 0"
+            )));
+        }
+        let ttl = (ttl_secs > 0.0).then(|| std::time::Duration::from_secs_f64(ttl_secs));
+        let p =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.pin(path, tier, ttl)).map_err(to_py)))?;
+        pin_dict(py, &p)
+    }
+
+    fn unpin<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
+        let p = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.unpin(path)).map_err(to_py)))?;
+        pin_dict(py, &p)
+    }
+
+    fn pins<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let pins = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.pins()).map_err(to_py)))?;
+        let out = PyList::empty(py);
+        for p in &pins {
+            out.append(pin_dict(py, p)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Drops the cached blocks under `path` from every worker; returns a dict of `blocks`,
+    /// `bytes`, `workers` and `workers_done`.
+    #[pyo3(signature = (path, wait_secs=10.0))]
+    fn free<'py>(&self, py: Python<'py>, path: &str, wait_secs: f64) -> PyResult<Bound<'py, PyDict>> {
+        let wait = std::time::Duration::from_secs_f64(wait_secs.clamp(0.001, 600.0));
+        let r = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.free(path, wait)).map_err(to_py)))?;
+        let d = PyDict::new(py);
+        d.set_item("blocks", r.blocks)?;
+        d.set_item("bytes", r.bytes)?;
+        d.set_item("workers", r.workers)?;
+        d.set_item("workers_done", r.workers_done)?;
+        Ok(d)
     }
 
     /// What this process's client served while the master was unreachable: stale stats and

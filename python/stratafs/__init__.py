@@ -196,6 +196,30 @@ class StrataFileSystem(AbstractFileSystem):
             __import__("hashlib").sha256(self.ukey(path).encode()).digest()[:8], "big"
         )
 
+    # ---- cache control ----
+
+    def pin(self, path, tier="nvme", ttl=None):
+        """Pins the cached blocks of the files under ``path`` in ``tier`` ("memory" or "nvme")
+        of every worker: eviction passes over them. ``ttl`` (seconds) unpins by itself after
+        that long; None keeps the pin until ``unpin``. Returns the pin as a dict (``path``,
+        ``tier``, ``bytes``, ``created``, ``expires``). Raises ``OSError`` (ENOSPC) when the
+        tier's pins would exceed its capacity across the live workers."""
+        return self._client.pin(self._strip_protocol(path), tier, float(ttl or 0))
+
+    def unpin(self, path):
+        """Removes the pin of exactly ``path``; ``FileNotFoundError`` if there is none."""
+        return self._client.unpin(self._strip_protocol(path))
+
+    def pins(self):
+        """Every pin, as dicts (see ``pin``)."""
+        return self._client.pins()
+
+    def free(self, path, wait=10.0):
+        """Drops the cached blocks of the files under ``path`` from every worker now (waiting up
+        to ``wait`` seconds for all of them); nothing is read from the UFS until they are read
+        again. Returns a dict: ``blocks``, ``bytes``, ``workers``, ``workers_done``."""
+        return self._client.free(self._strip_protocol(path), float(wait))
+
     # ---- write-back ----
 
     def sync(self, path, wait=False, timeout=DEFAULT_PERSIST_TIMEOUT, retry_failed=False):

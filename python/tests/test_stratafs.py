@@ -393,3 +393,25 @@ def test_fsspec_caching_chain(fs, tmp_path, cluster):
                      blockcache={"cache_storage": str(tmp_path / "b")}) as f:
         f.seek(MiB)
         assert f.read(100) == data[MiB:MiB + 100]
+
+
+def test_pin_unpin_free(fs, mount):
+    path = unique(mount) + "-pinned.bin"
+    data = rand(3 * MiB + 5)
+    fs.pipe_file(path, data)
+    assert fs.cat_file(path) == data
+    pin = fs.pin(path, tier="nvme", ttl=3600)
+    assert pin["path"] == path and pin["tier"] == "nvme" and pin["bytes"] == len(data)
+    assert pin["expires"] > pin["created"]
+    assert any(p["path"] == path for p in fs.pins())
+    with pytest.raises(ValueError, match="unpin"):
+        fs.free(path)  # a pinned path is refused
+    fs.unpin(path)
+    assert all(p["path"] != path for p in fs.pins())
+    with pytest.raises(FileNotFoundError):
+        fs.unpin(path)
+    freed = fs.free(path)
+    assert freed["workers"] >= 1 and freed["workers_done"] == freed["workers"]
+    assert fs.cat_file(path) == data  # read again from the UFS, the same bytes
+    with pytest.raises(ValueError, match="tier"):
+        fs.pin(path, tier="tape")

@@ -58,6 +58,10 @@ const RPCS: &[(&str, Access)] = &[
     ("CommitWrite", Access::Worker),
     ("UploadResult", Access::Worker),
     ("Sync", Access::Read),
+    ("Pin", Access::Admin),
+    ("Unpin", Access::Admin),
+    ("ListPins", Access::Any),
+    ("Free", Access::Admin),
 ];
 
 /// Calls `rpc` with a request that would change something if it were allowed.
@@ -147,6 +151,10 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
             .await
             .map(drop),
         "Sync" => c.sync(SyncRequest { path: p, retry_failed: true }).await.map(drop),
+        "Pin" => c.pin(PinRequest { path: p, tier: PinTier::Memory as i32, ttl_ms: 0 }).await.map(drop),
+        "Unpin" => c.unpin(UnpinRequest { path: p }).await.map(drop),
+        "ListPins" => c.list_pins(Empty {}).await.map(drop),
+        "Free" => c.free(FreeRequest { path: p, wait_ms: 1 }).await.map(drop),
         other => panic!("no call for {other}"),
     }
 }
@@ -172,7 +180,8 @@ async fn snapshot(cluster: &Cluster) -> String {
     let workers: Vec<String> =
         admin.status(Empty {}).await.unwrap().into_inner().workers.into_iter().map(|w| w.id).collect();
     let files: Vec<String> = walkdir(cluster.ufs.dir());
-    format!("{mounts:?}\n{jobs:?}\n{schedules:?}\n{tokens:?}\n{workers:?}\n{files:?}")
+    let pins = admin.list_pins(Empty {}).await.unwrap().into_inner().pins;
+    format!("{mounts:?}\n{jobs:?}\n{schedules:?}\n{tokens:?}\n{workers:?}\n{files:?}\n{pins:?}")
 }
 
 fn walkdir(dir: &std::path::Path) -> Vec<String> {

@@ -355,6 +355,60 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
     assert_eq!(client.read_all("/data/big.bin").await.unwrap()[..], data[..]);
 }
 
+/// A worker that accepts requests and never answers (a stopped process, a hung disk) must not
+/// hold reads: each is hedged to the next owner within the hedging deadline, and after two
+/// outruns the client asks that worker last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_worker_fails_no_read_and_holds_none_past_its_hedging_deadline() {
+    use std::sync::Arc;
+    use strata_client::{Client, Credentials, Dial, FaultyTransport, HedgePolicy, TcpTransport};
+
+    let cluster = Cluster::start(ClusterOptions::default()).await;
+    let files: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|i| {
+            let data = pattern(256 * 1024 + i * 17, i as u64 + 40);
+            cluster.write_file(&format!("frozen/f{i}.bin"), &data);
+            (format!("/data/frozen/f{i}.bin"), data)
+        })
+        .collect();
+    let mut config = cluster.client_config();
+    let hedge = HedgePolicy { min: Duration::from_millis(20), max: Duration::from_millis(300) };
+    config.hedge = hedge;
+    let dial = Dial {
+        connect_timeout: config.connect_timeout,
+        tls: None,
+        credentials: Credentials::token(config.token.as_ref().map(|t| t.0.as_str())),
+    };
+    let faulty = Arc::new(FaultyTransport::new(Arc::new(TcpTransport::new(dial, config.request_timeout))));
+    let client = Client::connect_with_transport(config, faulty.clone()).await.unwrap();
+    for (path, data) in &files {
+        assert_eq!(client.read_all(path).await.unwrap()[..], data[..], "{path} cold");
+    }
+    assert_eq!(client.hedged_reads(), 0, "healthy workers answer within their deadline");
+
+    let frozen = cluster.worker(0).data_addr.to_string();
+    faulty.frozen.lock().unwrap().push(frozen.clone());
+    let mut slowest = Duration::ZERO;
+    for round in 0..3 {
+        for (path, data) in &files {
+            let started = std::time::Instant::now();
+            let got = client.read_all(path).await.unwrap_or_else(|e| panic!("{path} round {round}: {e}"));
+            slowest = slowest.max(started.elapsed());
+            assert_eq!(got[..], data[..], "{path} round {round}");
+        }
+    }
+    let hedged = client.hedged_reads();
+    assert!(hedged >= 2, "reads the frozen worker owns were hedged ({hedged})");
+    // Suspect after two outruns, the frozen worker is asked last: a few hedges, not one per
+    // read of its blocks (a third of 72 reads).
+    assert!(hedged <= 6, "{hedged} hedges: the frozen worker kept being asked first");
+    assert!(
+        slowest < hedge.max + Duration::from_millis(600),
+        "a read waited {slowest:?} on a frozen worker (hedging after at most {:?})",
+        hedge.max
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_master_keeps_mounts_and_reads_continue() {
     let mut cluster = Cluster::start(ClusterOptions::default()).await;

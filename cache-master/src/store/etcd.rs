@@ -474,6 +474,18 @@ impl MetaStore for EtcdStore {
         self.etcd.delete(self.revision, "writeback", path)
     }
 
+    fn load_pins(&self) -> Result<Vec<crate::pins::PinRecord>, StoreError> {
+        self.etcd.load_all("pins")
+    }
+
+    fn put_pin(&self, record: &crate::pins::PinRecord) -> Result<(), StoreError> {
+        self.etcd.put(self.revision, "pins", &record.path, record)
+    }
+
+    fn delete_pin(&self, path: &str) -> Result<(), StoreError> {
+        self.etcd.delete(self.revision, "pins", path)
+    }
+
     /// The connection outlives a term; it is closed with the master ([`Etcd::close`]).
     fn close(&self) {}
 }
