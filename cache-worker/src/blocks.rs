@@ -250,6 +250,21 @@ impl BlockService {
         Ok(Served { payload: Payload::Bytes(bytes), source, key: at.key })
     }
 
+    /// A block range from the tiers alone, for a peer (`Op::PeerRead`): `None` on a miss, which
+    /// is never fetched (the asking peer reads the UFS itself). Write-back journals are not
+    /// served this way: their readers ask the holders.
+    pub async fn cached_range(&self, r: &BlockRead) -> Result<Option<(Bytes, Source)>, ServeError> {
+        let at = self.locate_range(r).await?;
+        if block::write_back_id(&r.version).is_some() {
+            return Ok(None);
+        }
+        let Some((bytes, source)) = self.cache.lookup(&at.key).await else { return Ok(None) };
+        let start = r.offset as usize;
+        let out = bytes.slice(start..start + r.len as usize);
+        self.served(out.len() as u64);
+        Ok(Some((out, source)))
+    }
+
     async fn read_bytes(&self, r: &BlockRead, at: &Located) -> Result<(Bytes, Source), ServeError> {
         let (bytes, source) = self.fetcher.block(at, Durability::WriteBack).await?;
         let start = r.offset as usize;

@@ -449,6 +449,25 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     }
                 }
             }
+            Ok((frame::Op::PeerRead, len)) => {
+                if let Some(req) = read_body(&mut stream, len, ReadBlockRequest::decode_body).await? {
+                    let allowed = plane.auth.check(&mut session, Access::Read, Some(&req.path));
+                    match allowed {
+                        Ok(()) => match plane.blocks.cached_range(&block_read(&req)).await {
+                            Ok(Some((bytes, source))) => {
+                                send_data(&mut stream, req.req_id, source, &bytes).await?
+                            }
+                            Ok(None) => {
+                                let msg =
+                                    format!("block {} of {} is not cached here", req.block_index, req.path);
+                                send_error(&mut stream, req.req_id, ErrorKind::NotFound, &msg).await?
+                            }
+                            Err(e) => send_error(&mut stream, req.req_id, e.kind(), &e.to_string()).await?,
+                        },
+                        Err((kind, message)) => send_error(&mut stream, req.req_id, kind, &message).await?,
+                    }
+                }
+            }
             Ok((frame::Op::WriteBegin, len)) => {
                 let allow = |path: &str| plane.auth.check(&mut session, Access::Write, Some(path));
                 write::serve_write(&mut stream, &plane.blocks, plane.writeback.as_ref(), len, allow).await?

@@ -308,12 +308,24 @@ async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> 
     if cfg.socket_path.is_some() {
         bail!("--socket serves a sidecar: add --sidecar (a cluster worker serves TCP only)");
     }
+    let (master_addr, token, tls) = (cfg.master_addr.clone(), cfg.resolve_token()?, cfg.tls.clone());
     let handle = Worker::start(cfg, Arc::new(OpendalFactory)).await?;
+    // Peer fetch: a block this worker misses is asked of its previous owners before the UFS.
+    match strata_client::PeerUpstream::connect(&master_addr, &handle.worker_id, token, PEER_TIMEOUT, tls)
+        .await
+    {
+        Ok(peers) => handle.blocks.set_upstream(Arc::new(peers)),
+        Err(e) => tracing::warn!(err = %e, "no peer fetch: misses go to the UFS"),
+    }
     println!("worker {} serving data on {} (http {})", handle.worker_id, handle.data_addr, handle.http_addr);
     wait_for_shutdown().await?;
     handle.shutdown().await;
     Ok(())
 }
+
+/// How long a worker waits for a peer's cached block before asking the next peer or the UFS:
+/// a peer answers from its tiers, so anything slower is a peer in trouble.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 async fn mount(target: &Target, cmd: MountCommand) -> Result<()> {
     let client = connect(target).await?;

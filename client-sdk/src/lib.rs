@@ -68,7 +68,7 @@ pub use strata_security::tls::TlsConfig;
 #[cfg(any(test, feature = "testing"))]
 pub use transport::FaultyTransport;
 pub use transport::{Credentials, DataStream, Dial, TcpTransport, Transport, TransportError, UnixTransport};
-pub use upstream::ClusterUpstream;
+pub use upstream::{ClusterUpstream, PeerUpstream};
 
 /// Counter: block reads that a worker could not serve and the next worker on the ring did.
 pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";

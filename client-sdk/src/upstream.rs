@@ -68,3 +68,133 @@ impl Upstream for ClusterUpstream {
             .map_err(|e| UpstreamError(e.to_string()))
     }
 }
+
+/// Peer fetch for a worker on the ring: a block this worker misses is asked of the workers that
+/// held it before the ring changed (`Op::PeerRead`, answered from their tiers alone, never
+/// fetched), and read from the UFS only when none has it. When a worker joins, the blocks it
+/// now owns were owned by the next worker after it on the ring; when one leaves (or drains),
+/// by the owner on the previous ring, which a draining worker still serves.
+///
+/// Peers are asked only where they may hold the block: for a block this worker is not the
+/// first owner of (a read that came by failover, a hedge or a second replica: the owner likely
+/// has it), and for any block during [`PEER_WINDOW`] after the ring changed (or this worker
+/// started, which may be it joining). On a ring that has not moved, the owner's own miss goes
+/// straight to the UFS and costs no peer round trip.
+pub struct PeerUpstream {
+    client: Client,
+    /// This worker, never asked.
+    me: String,
+    rings: std::sync::Mutex<Rings>,
+    request_timeout: Duration,
+}
+
+struct Rings {
+    current: Option<strata_common::Ring>,
+    previous: Option<strata_common::Ring>,
+    /// When the ring last changed (or the upstream started).
+    changed_at: std::time::Instant,
+}
+
+/// How long after a ring change every miss asks its previous owners first: long enough for the
+/// blocks that moved to be read once and so pulled across.
+pub const PEER_WINDOW: Duration = Duration::from_secs(600);
+
+/// Most peers one miss asks before the UFS.
+const PEERS_ASKED: usize = 2;
+
+impl PeerUpstream {
+    /// A client of the cluster at `master_addr` for worker `me`, presenting the worker's
+    /// `token`; one peer request gives up after `request_timeout` (then the next peer, then
+    /// the UFS).
+    pub async fn connect(
+        master_addr: &str,
+        me: &str,
+        token: Option<String>,
+        request_timeout: Duration,
+        tls: crate::TlsConfig,
+    ) -> Result<Self> {
+        let mut config = ClientConfig::new(master_addr);
+        config.sidecar_socket = None;
+        config.request_timeout = request_timeout;
+        config.tls = tls;
+        config.token = token.map(crate::Token);
+        let client = Client::connect(config).await?;
+        let rings = Rings { current: None, previous: None, changed_at: client.config().clock.now() };
+        Ok(Self { client, me: me.to_string(), rings: std::sync::Mutex::new(rings), request_timeout })
+    }
+
+    /// The peers that may hold the block, most likely first.
+    async fn candidates(&self, hash: u64) -> Vec<strata_common::Member> {
+        let ring = match self.client.ring().await {
+            Ok(ring) => ring,
+            Err(_) => return Vec::new(),
+        };
+        let now = self.client.config().clock.now();
+        let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        if rings.current.as_ref().is_none_or(|c| c.epoch() != ring.epoch()) {
+            if rings.current.is_some() {
+                rings.changed_at = now;
+            }
+            rings.previous = rings.current.replace(ring.clone());
+        }
+        let mine = ring.owners(hash, 1).first().is_some_and(|m| m.id == self.me);
+        if mine && now.saturating_duration_since(rings.changed_at) >= PEER_WINDOW {
+            return Vec::new();
+        }
+        let mut out: Vec<strata_common::Member> = Vec::new();
+        let mut push = |m: &strata_common::Member| {
+            if m.id != self.me && !out.iter().any(|o| o.id == m.id) && out.len() < PEERS_ASKED {
+                out.push(m.clone());
+            }
+        };
+        // The owner before this worker joined: the next on the ring after it. (When this worker
+        // is not the owner, a read came here by failover or a hedge: the owner likely has it.)
+        for m in ring.owners(hash, 2) {
+            push(m);
+        }
+        if let Some(previous) = &rings.previous
+            && let Some(m) = previous.owners(hash, 1).first()
+        {
+            push(m);
+        }
+        out
+    }
+}
+
+#[async_trait]
+impl Upstream for PeerUpstream {
+    async fn read_block(&self, read: UpstreamRead<'_>) -> std::result::Result<Bytes, UpstreamError> {
+        let hash = strata_common::BlockKey::new(read.file_id, read.version, read.index).placement_hash();
+        let req = strata_common::frame::ReadBlockRequest {
+            req_id: 1,
+            path: read.path.to_string(),
+            version: read.version.to_string(),
+            file_size: read.file_size,
+            block_size: read.block_size,
+            block_index: read.index,
+            offset: 0,
+            len: read.len,
+        };
+        let frame = req.encode_peer();
+        let mut why = Vec::new();
+        for peer in self.candidates(hash).await {
+            let dial = self.client.dial();
+            let answer = crate::transport::ask(
+                crate::transport::Via::Tcp,
+                &peer.data_addr,
+                &frame,
+                req.req_id,
+                read.len,
+                dial,
+                self.request_timeout,
+            )
+            .await;
+            match answer {
+                Ok(bytes) if bytes.len() as u64 == read.len => return Ok(bytes),
+                Ok(bytes) => why.push(format!("{}: {} bytes for {}", peer.id, bytes.len(), read.len)),
+                Err(e) => why.push(format!("{}: {e}", peer.id)),
+            }
+        }
+        Err(UpstreamError(if why.is_empty() { "no peer to ask".into() } else { why.join("; ") }))
+    }
+}

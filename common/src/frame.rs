@@ -93,6 +93,10 @@ pub enum Op {
     /// ([`auth_request`]; body = the token's bytes). No answer when accepted; when refused, an
     /// error frame (kind `unauthenticated`, request id 0) and the connection closes.
     Auth = 11,
+    /// A block range from the worker's tiers alone ([`ReadBlockRequest`] body): a miss is
+    /// answered `not_found`, never fetched. What a new owner asks the block's previous owner
+    /// before the UFS when the ring changed (peer fetch), so a peer's miss costs no UFS read.
+    PeerRead = 12,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -148,6 +152,11 @@ pub enum FrameError {
 impl ReadBlockRequest {
     pub fn encode(&self) -> Vec<u8> {
         self.encode_with(Op::ReadBlock, 0)
+    }
+
+    /// The same range asked of a peer's tiers alone ([`Op::PeerRead`]).
+    pub fn encode_peer(&self) -> Vec<u8> {
+        self.encode_with(Op::PeerRead, 0)
     }
 
     /// The same range asked for as a grant of `kind` ([`Op::OpenBlock`]).
@@ -207,6 +216,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         9 => Op::View,
         10 => Op::Stat,
         11 => Op::Auth,
+        12 => Op::PeerRead,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -218,7 +228,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
         Op::View => 8,
         Op::Auth => MAX_AUTH_BODY,
-        Op::ReadBlock | Op::WriteBegin | Op::Stat => MAX_REQUEST_BODY,
+        Op::ReadBlock | Op::WriteBegin | Op::Stat | Op::PeerRead => MAX_REQUEST_BODY,
         Op::OpenBlock => MAX_REQUEST_BODY + 1,
     };
     if body_len > limit {

@@ -160,8 +160,35 @@ impl Cluster {
         self.state_dir.path()
     }
 
+    /// Worker `i`, with peer fetch as `strata worker` has it.
     async fn spawn_worker(&self, i: usize) -> WorkerHandle {
-        Worker::start(self.worker_configs[i].clone(), self.factory.clone()).await.expect("worker starts")
+        let config = self.worker_configs[i].clone();
+        let token = config.resolve_token().expect("worker token");
+        let tls = self.tls.as_ref().map(|t| t.pki.client()).unwrap_or_default();
+        let handle = Worker::start(config.clone(), self.factory.clone()).await.expect("worker starts");
+        let peers = strata_client::PeerUpstream::connect(
+            &config.master_addr,
+            &handle.worker_id,
+            token,
+            Duration::from_millis(500),
+            tls,
+        )
+        .await
+        .expect("peer fetch connects");
+        handle.blocks.set_upstream(Arc::new(peers));
+        handle
+    }
+
+    /// Starts one more worker (a new id and NVMe tier) and waits until the master lists it.
+    pub async fn add_worker(&mut self) -> usize {
+        let i = self.worker_configs.len();
+        let mut config = self.worker_configs[0].clone();
+        config.data_dir = self.state_dir.path().join(format!("worker-{i}"));
+        self.worker_configs.push(config);
+        let w = self.spawn_worker(i).await;
+        self.workers.push(Some(w));
+        self.wait_for_live_workers(self.workers.iter().flatten().count()).await;
+        i
     }
 
     pub fn master_addr(&self) -> String {

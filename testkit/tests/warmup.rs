@@ -152,8 +152,11 @@ async fn warmup_of_a_prefix_caches_every_block_on_two_distinct_owners() {
     assert_eq!(job.blocks_total, (10_000 + large_blocks) * 2);
     assert_eq!(job.blocks_done, job.blocks_total);
     eprintln!("warmup of 10,003 files ({} blocks x2) took {took:?}", 10_000 + large_blocks);
-    // Each replica worker fetched each block once.
-    assert_eq!(cluster.ufs_reads(), (10_000 + large_blocks) * 2);
+    // Each block was read from the UFS once per replica at most: a second replica may take it
+    // from the first (peer fetch) when the first has it by then.
+    let blocks = 10_000 + large_blocks;
+    let reads = cluster.ufs_reads();
+    assert!((blocks..=blocks * 2).contains(&reads), "{reads} UFS reads for {blocks} blocks x2");
 
     wait_on_owners(&client, rels.iter().step_by(97).chain(rels.iter().rev().take(3)), 2).await;
     read_all_from_cache(&cluster, &client, &rels).await;
