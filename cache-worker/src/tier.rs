@@ -13,6 +13,7 @@
 
 mod memory;
 mod nvme;
+pub mod policy;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -21,6 +22,7 @@ use thiserror::Error;
 
 pub use memory::MemoryTier;
 pub use nvme::NvmeTier;
+pub use policy::S3Fifo;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
