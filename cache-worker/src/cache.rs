@@ -10,7 +10,10 @@
 //!   [`BlockCache::flush`] (shutdown). What a crash loses is DRAM-only copies, which the UFS
 //!   still has;
 //! - NVMe writes wait for the byte budget instead of being dropped: a slow disk slows the
-//!   misses that fill it down, it does not silently lose blocks.
+//!   misses that fill it down, it does not silently lose blocks;
+//! - an NVMe block is promoted into DRAM on its second NVMe hit, not its first (see
+//!   [`PROMOTE_AT_NVME_HITS`]): a one-pass read of NVMe blocks is served from NVMe and evicts
+//!   nothing from DRAM.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,6 +37,11 @@ use crate::tier::{Tier, TierKind, TierUsage};
 pub const DEFAULT_WRITEBACK_IDLE: Duration = Duration::from_millis(1000);
 /// NVMe write budget is counted in KiB so a u32 of permits covers terabytes.
 const BUDGET_UNIT: u64 = 1024;
+/// The NVMe tier's hit count ([`Tier::hits`], just bumped by the `get` that found the block)
+/// at which a lookup promotes the block into DRAM: its second hit since it was stored on NVMe,
+/// less one per pass of the NVMe tier's main queue over it — the recent window. Reusing the
+/// tier's S3-FIFO count costs no second map; a tier that does not count (0) never promotes.
+pub const PROMOTE_AT_NVME_HITS: u8 = 2;
 
 /// When a block kept in the cache must be on NVMe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +177,7 @@ impl BlockCache {
         Some(FileRegion { file, data_offset, len })
     }
 
-    /// The whole block from a tier: DRAM, else NVMe (promoted to DRAM).
+    /// The whole block from a tier: DRAM, else NVMe (promoted to DRAM from its second hit).
     pub async fn lookup(&self, key: &BlockKey) -> Option<(Bytes, Source)> {
         match self.memory.get(key).await {
             Ok(Some(b)) => {
@@ -182,10 +190,12 @@ impl BlockCache {
         match self.nvme.get(key).await {
             Ok(Some(b)) => {
                 self.hit(TierKind::Nvme);
-                if let Err(e) = self.memory.put(key, b.clone()).await {
-                    debug!(block = %key, tier = "memory", err = %e, "promotion skipped");
+                if self.nvme.hits(key) >= PROMOTE_AT_NVME_HITS {
+                    if let Err(e) = self.memory.put(key, b.clone()).await {
+                        debug!(block = %key, tier = "memory", err = %e, "promotion skipped");
+                    }
+                    self.persist_evicted().await;
                 }
-                self.persist_evicted().await;
                 Some((b, Source::Nvme))
             }
             Ok(None) => None,
@@ -340,5 +350,54 @@ impl BlockCache {
     /// Corrupt blocks both tiers detected (and dropped) since start.
     pub fn corrupt_blocks(&self) -> u64 {
         self.memory.corrupt_blocks() + self.nvme.corrupt_blocks()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::{MemoryTier, NvmeTier};
+
+    fn cache(dir: &std::path::Path, memory_bytes: u64) -> (BlockCache, Arc<dyn Tier>, Arc<dyn Tier>) {
+        let memory: Arc<dyn Tier> = Arc::new(MemoryTier::new(memory_bytes));
+        let nvme: Arc<dyn Tier> = Arc::new(NvmeTier::open(dir, 1 << 20).unwrap());
+        let config = CacheConfig { zero_copy: false, ..CacheConfig::default() };
+        let cache = BlockCache::new(memory.clone(), nvme.clone(), config, Arc::new(Counters::default()));
+        (cache, memory, nvme)
+    }
+
+    fn key(i: u64) -> BlockKey {
+        BlockKey::new(format!("s3://bucket/obj{i}"), "v1", i)
+    }
+
+    #[tokio::test]
+    async fn an_nvme_block_is_promoted_on_its_second_hit_not_its_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, memory, nvme) = cache(dir.path(), 1 << 20);
+        let data = Bytes::from(vec![7u8; 4096]);
+        nvme.put(&key(0), data.clone()).await.unwrap();
+
+        assert_eq!(cache.lookup(&key(0)).await, Some((data.clone(), Source::Nvme)));
+        assert!(!memory.contains(&key(0)), "one NVMe hit does not promote");
+        assert_eq!(cache.lookup(&key(0)).await, Some((data.clone(), Source::Nvme)));
+        assert!(memory.contains(&key(0)), "the second one does");
+        assert_eq!(cache.lookup(&key(0)).await, Some((data, Source::Memory)));
+        assert_eq!(cache.lookup(&key(1)).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_one_pass_read_of_nvme_blocks_leaves_dram_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, memory, nvme) = cache(dir.path(), 8192);
+        let hot = Bytes::from(vec![1u8; 4096]);
+        memory.put(&key(0), hot.clone()).await.unwrap();
+        for i in 1..=20 {
+            nvme.put(&key(i), Bytes::from(vec![i as u8; 4096])).await.unwrap();
+        }
+        for i in 1..=20 {
+            assert_eq!(cache.lookup(&key(i)).await.unwrap().1, Source::Nvme);
+        }
+        assert_eq!(memory.usage().blocks, 1);
+        assert_eq!(cache.lookup(&key(0)).await, Some((hot, Source::Memory)));
     }
 }

@@ -1,5 +1,6 @@
-//! Block tiers: DRAM and NVMe, each bounded in bytes with LRU eviction that passes over pinned
-//! blocks (a [`PinFilter`] names them).
+//! Block tiers: DRAM and NVMe, each bounded in bytes with S3-FIFO eviction ([`policy`]: a scan
+//! larger than the tier does not flush what is read again) that passes over pinned blocks (a
+//! [`PinFilter`] names them).
 //!
 //! The contract every tier keeps:
 //! - `get` never returns bytes that differ from what `put` stored under that key: the NVMe tier
@@ -13,6 +14,7 @@
 
 mod memory;
 mod nvme;
+pub mod policy;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -21,6 +23,7 @@ use thiserror::Error;
 
 pub use memory::MemoryTier;
 pub use nvme::NvmeTier;
+pub use policy::S3Fifo;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -81,7 +84,7 @@ pub trait Tier: Send + Sync + 'static {
     fn kind(&self) -> TierKind;
     /// The block's bytes, or `None` on a miss (including a corrupt block, which is dropped).
     async fn get(&self, key: &BlockKey) -> Result<Option<Bytes>>;
-    /// Stores a block, evicting least-recently-used blocks to make room. A block larger than
+    /// Stores a block, evicting blocks by S3-FIFO to make room. A block larger than
     /// the capacity is refused with `TooLarge`; a capacity of 0 disables the tier (every `put`
     /// is refused that way, every `get` misses).
     async fn put(&self, key: &BlockKey, data: Bytes) -> Result<()>;
@@ -108,10 +111,16 @@ pub trait Tier: Send + Sync + 'static {
     fn set_pin_filter(&self, _filter: PinFilter) -> bool {
         false
     }
-    /// A block's bytes without counting as a use (so LRU order does not change); `None` on a
+    /// A block's bytes without counting as a hit (so eviction is not affected); `None` on a
     /// miss or where looking costs I/O.
     fn peek(&self, _key: &BlockKey) -> Option<Bytes> {
         None
+    }
+    /// The block's recent hits as its eviction policy counts them (S3-FIFO's 0 to 3: hits since
+    /// it was stored, less one per pass of the main queue over it); 0 for an absent block or a
+    /// tier that does not count.
+    fn hits(&self, _key: &BlockKey) -> u8 {
+        0
     }
     /// Corrupt blocks detected (and dropped) since start.
     fn corrupt_blocks(&self) -> u64 {

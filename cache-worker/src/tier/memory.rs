@@ -1,11 +1,11 @@
-//! DRAM tier: blocks kept as [`Bytes`] in a map, bounded by the sum of their lengths, with exact
-//! LRU eviction.
+//! DRAM tier: blocks kept as [`Bytes`] in a map, bounded by the sum of their lengths, with
+//! S3-FIFO eviction ([`S3Fifo`]).
 //!
 //! Invariants (all state sits behind one mutex, so every operation sees them hold):
-//! - `used` is the sum of the lengths of the stored blocks and never exceeds the capacity.
-//! - `lru` holds exactly one tick per stored block and each entry remembers its tick, so the first
-//!   entry of `lru` is the least recently used block. Ticks only grow, so a refresh is a
-//!   remove + insert in `lru`, O(log n).
+//! - `policy` holds exactly the keys of `entries`, each with its block's length, so
+//!   `policy.used()` is the sum of the stored lengths; it never exceeds the capacity because
+//!   every insertion first evicts what `policy.victims` names. A hit (`get`, a re-put of the
+//!   same size) is a `touch`: O(1), nothing reordered.
 //! - Replaying `events` (since the last drain, on top of what was drained before) yields exactly
 //!   the current key set: every insertion pushes `Added`, every eviction or removal `Removed`.
 //!   A re-put of the same size swaps the bytes in place and pushes nothing, because the master's
@@ -17,7 +17,7 @@
 //! The event queue is drained by the worker's block reporter; it is not bounded here because
 //! dropping events would break the replay invariant the master relies on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::BlockKey;
 
-use super::{EvictionSink, PinFilter, Result, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{EvictionSink, PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage};
 
 /// The DRAM tier. A capacity of 0 disables it: every `put` is refused with `TooLarge` and every
 /// `get` misses.
@@ -36,86 +36,32 @@ pub struct MemoryTier {
     pin_filter: OnceLock<PinFilter>,
 }
 
-struct Entry {
-    data: Bytes,
-    tick: u64,
-}
-
-#[derive(Default)]
 struct Inner {
-    entries: HashMap<BlockKey, Entry>,
-    lru: BTreeMap<u64, BlockKey>,
-    next_tick: u64,
-    used: u64,
+    entries: HashMap<BlockKey, Bytes>,
+    policy: S3Fifo<BlockKey>,
     events: Vec<TierEvent>,
 }
 
 impl Inner {
-    fn bump_tick(&mut self) -> u64 {
-        let tick = self.next_tick;
-        self.next_tick += 1;
-        tick
-    }
-
-    /// Marks `key` most recently used and returns its bytes.
+    /// Counts a hit on `key` and returns its bytes.
     fn touch(&mut self, key: &BlockKey) -> Option<Bytes> {
-        let tick = self.next_tick;
-        let entry = self.entries.get_mut(key)?;
-        self.next_tick += 1;
-        if let Some(k) = self.lru.remove(&entry.tick) {
-            self.lru.insert(tick, k);
-        }
-        entry.tick = tick;
-        Some(entry.data.clone())
+        let data = self.entries.get(key)?.clone();
+        self.policy.touch(key);
+        Some(data)
     }
 
     fn insert(&mut self, key: BlockKey, data: Bytes) {
         let size = data.len() as u64;
-        let tick = self.bump_tick();
-        self.lru.insert(tick, key.clone());
-        self.used += size;
+        self.policy.insert(key.clone(), size);
         self.events.push(TierEvent::Added { key: key.clone(), size });
-        self.entries.insert(key, Entry { data, tick });
+        self.entries.insert(key, data);
     }
 
-    fn remove(&mut self, key: &BlockKey) -> Option<Entry> {
-        let entry = self.entries.remove(key)?;
-        self.lru.remove(&entry.tick);
-        self.used -= entry.data.len() as u64;
+    fn remove(&mut self, key: &BlockKey) -> Option<Bytes> {
+        let data = self.entries.remove(key)?;
+        self.policy.remove(key);
         self.events.push(TierEvent::Removed { key: key.clone() });
-        Some(entry)
-    }
-
-    /// The least recently used blocks that are not pinned whose bytes make room for `size`
-    /// more, oldest first; `Err(pinned bytes)` when evicting every unpinned block would not.
-    fn victims(
-        &self,
-        size: u64,
-        capacity: u64,
-        pinned: Option<&PinFilter>,
-    ) -> std::result::Result<Vec<BlockKey>, u64> {
-        let mut victims = Vec::new();
-        let mut freed = 0;
-        let mut pinned_bytes = 0;
-        for key in self.lru.values() {
-            if self.used - freed + size <= capacity {
-                return Ok(victims);
-            }
-            let len = self.entries.get(key).map_or(0, |e| e.data.len() as u64);
-            if pinned.is_some_and(|is_pinned| is_pinned(key)) {
-                pinned_bytes += len;
-                continue;
-            }
-            freed += len;
-            victims.push(key.clone());
-        }
-        if self.used - freed + size <= capacity { Ok(victims) } else { Err(pinned_bytes) }
-    }
-
-    fn evict(&mut self, key: &BlockKey) -> Option<(BlockKey, Bytes)> {
-        let entry = self.remove(key)?;
-        tracing::trace!(block = %key, tier = "memory", size = entry.data.len(), "evicted");
-        Some((key.clone(), entry.data))
+        Some(data)
     }
 }
 
@@ -123,7 +69,11 @@ impl MemoryTier {
     pub fn new(capacity_bytes: u64) -> Self {
         Self {
             capacity: capacity_bytes,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                entries: HashMap::new(),
+                policy: S3Fifo::new(capacity_bytes),
+                events: Vec::new(),
+            }),
             eviction_sink: OnceLock::new(),
             pin_filter: OnceLock::new(),
         }
@@ -164,30 +114,33 @@ impl Tier for MemoryTier {
             return Err(TierError::TooLarge { size, capacity: self.capacity });
         }
         let mut inner = self.lock();
-        if let Some(entry) = inner.entries.get_mut(key)
-            && entry.data.len() as u64 == size
+        if let Some(stored) = inner.entries.get_mut(key)
+            && stored.len() as u64 == size
         {
-            entry.data = data;
-            inner.touch(key);
+            *stored = data;
+            inner.policy.touch(key);
             return Ok(());
         }
         // A different size changes what the master was told, so it is a removal plus an
         // insertion; removing first also frees its bytes before anything else is evicted.
         // (A refused put has then dropped the old size too: it was being replaced anyway.)
         inner.remove(key);
-        let victims = match inner.victims(size, self.capacity, self.pin_filter.get()) {
+        let pinned = self.pin_filter.get();
+        let victims = match inner.policy.victims(size, |k| pinned.is_some_and(|is_pinned| is_pinned(k))) {
             Ok(victims) => victims,
             Err(pinned) => return Err(TierError::Pinned { size, pinned, capacity: self.capacity }),
         };
         for victim in victims {
-            let Some((evicted, bytes)) = inner.evict(&victim) else {
+            // The policy has let it go already; this drops the bytes and tells the master.
+            let Some(bytes) = inner.remove(&victim) else {
                 continue;
             };
+            tracing::trace!(block = %victim, tier = "memory", size = bytes.len(), "evicted");
             if let Some(sink) = self.eviction_sink.get() {
-                sink(&evicted, &bytes);
+                sink(&victim, &bytes);
             }
         }
-        debug_assert!(inner.used + size <= self.capacity);
+        debug_assert!(inner.policy.used() + size <= self.capacity);
         inner.insert(key.clone(), data);
         Ok(())
     }
@@ -210,20 +163,24 @@ impl Tier for MemoryTier {
     }
 
     fn peek(&self, key: &BlockKey) -> Option<Bytes> {
-        self.lock().entries.get(key).map(|e| e.data.clone())
+        self.lock().entries.get(key).cloned()
+    }
+
+    fn hits(&self, key: &BlockKey) -> u8 {
+        self.lock().policy.freq(key).unwrap_or(0)
     }
 
     fn usage(&self) -> TierUsage {
         let inner = self.lock();
         TierUsage {
             capacity_bytes: self.capacity,
-            used_bytes: inner.used,
+            used_bytes: inner.policy.used(),
             blocks: inner.entries.len() as u64,
         }
     }
 
     fn keys(&self) -> Vec<(BlockKey, u64)> {
-        self.lock().entries.iter().map(|(k, e)| (k.clone(), e.data.len() as u64)).collect()
+        self.lock().entries.iter().map(|(k, data)| (k.clone(), data.len() as u64)).collect()
     }
 
     fn drain_events(&self) -> Vec<TierEvent> {
@@ -237,6 +194,7 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use super::super::policy::reference::Reference;
     use super::*;
 
     fn key(i: u64) -> BlockKey {
@@ -319,22 +277,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn evicts_least_recently_used_first() {
+    async fn a_block_that_was_hit_outlives_newer_ones() {
         let tier = MemoryTier::new(30);
         for i in 0..3 {
             tier.put(&key(i), block(10, i as u8)).await.unwrap();
         }
-        // Refresh key 0 so key 1 becomes the oldest.
+        // Key 0 is hit, so making room passes it on to the main queue and evicts key 1.
         assert_eq!(tier.get(&key(0)).await.unwrap(), Some(block(10, 0)));
         tier.put(&key(3), block(10, 3)).await.unwrap();
         assert!(!tier.contains(&key(1)));
         assert!(tier.contains(&key(0)) && tier.contains(&key(2)) && tier.contains(&key(3)));
 
-        // A 20-byte block needs two evictions: key 2 then key 0 (key 3 is the newest).
+        // A 20-byte block needs two evictions, from the small queue oldest first: key 2, then
+        // key 3 — not key 0, although LRU would take it before key 3.
         tier.put(&key(4), block(20, 4)).await.unwrap();
-        assert_eq!(key_set(&tier).into_keys().collect::<Vec<_>>(), vec![key(3), key(4)]);
+        assert_eq!(key_set(&tier).into_keys().collect::<Vec<_>>(), vec![key(0), key(4)]);
         assert_eq!(tier.usage(), TierUsage { capacity_bytes: 30, used_bytes: 30, blocks: 2 });
         assert_eq!(tier.get(&key(2)).await.unwrap(), None);
+        assert_eq!(tier.hits(&key(0)), 1);
+        assert_eq!(tier.hits(&key(2)), 0);
     }
 
     #[tokio::test]
@@ -421,47 +382,50 @@ mod tests {
         assert_eq!(got.len(), data.len());
     }
 
-    /// Reference LRU: a vector ordered from least to most recently used.
+    /// The tier's expected behaviour: the reference S3-FIFO for the order, a map for the bytes.
     struct Model {
         capacity: u64,
-        order: Vec<(BlockKey, Bytes)>,
+        policy: Reference<BlockKey>,
+        data: BTreeMap<BlockKey, Bytes>,
     }
 
     impl Model {
-        fn used(&self) -> u64 {
-            self.order.iter().map(|(_, d)| d.len() as u64).sum()
-        }
-
-        fn position(&self, key: &BlockKey) -> Option<usize> {
-            self.order.iter().position(|(k, _)| k == key)
-        }
-
         fn get(&mut self, key: &BlockKey) -> Option<Bytes> {
-            let entry = self.order.remove(self.position(key)?);
-            let data = entry.1.clone();
-            self.order.push(entry);
-            Some(data)
+            self.policy.touch(key);
+            self.data.get(key).cloned()
         }
 
-        fn put(&mut self, key: &BlockKey, data: Bytes) -> bool {
+        /// The evicted blocks, or the error the put gets.
+        fn put(
+            &mut self,
+            key: &BlockKey,
+            data: Bytes,
+            pinned: impl Fn(&BlockKey) -> bool,
+        ) -> std::result::Result<Vec<(BlockKey, Bytes)>, TierError> {
             let size = data.len() as u64;
             if self.capacity == 0 || size > self.capacity {
-                return false;
+                return Err(TierError::TooLarge { size, capacity: self.capacity });
             }
-            if let Some(pos) = self.position(key) {
-                self.order.remove(pos);
+            if self.data.get(key).is_some_and(|d| d.len() as u64 == size) {
+                self.data.insert(key.clone(), data);
+                self.policy.touch(key);
+                return Ok(Vec::new());
             }
-            while self.used() + size > self.capacity {
-                self.order.remove(0);
-            }
-            self.order.push((key.clone(), data));
-            true
+            self.remove(key);
+            let victims = self.policy.victims(size, pinned).map_err(|pinned| TierError::Pinned {
+                size,
+                pinned,
+                capacity: self.capacity,
+            })?;
+            let evicted = victims.into_iter().map(|k| (k.clone(), self.data.remove(&k).unwrap())).collect();
+            self.policy.insert(key.clone(), size);
+            self.data.insert(key.clone(), data);
+            Ok(evicted)
         }
 
         fn remove(&mut self, key: &BlockKey) {
-            if let Some(pos) = self.position(key) {
-                self.order.remove(pos);
-            }
+            self.policy.remove(key);
+            self.data.remove(key);
         }
     }
 
@@ -470,6 +434,8 @@ mod tests {
         Put(u64, usize),
         Get(u64),
         Remove(u64),
+        /// Which keys are pinned from now on (a bit per key).
+        Pins(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -477,32 +443,49 @@ mod tests {
             3 => (0u64..8, 0usize..48).prop_map(|(k, len)| Op::Put(k, len)),
             3 => (0u64..8).prop_map(Op::Get),
             1 => (0u64..8).prop_map(Op::Remove),
+            1 => any::<u8>().prop_map(|mask| Op::Pins(mask & (mask >> 2))),
         ]
     }
 
     proptest! {
         #[test]
-        fn behaves_like_a_reference_lru(
+        fn behaves_like_the_reference_s3fifo(
             capacity in prop_oneof![Just(0u64), 1u64..120],
             ops in proptest::collection::vec(op(), 1..80),
         ) {
             let rt = rt();
             let tier = MemoryTier::new(capacity);
-            let mut model = Model { capacity, order: Vec::new() };
+            let pins = std::sync::Arc::new(Mutex::new(0u8));
+            let tier_pins = pins.clone();
+            let is_pinned = move |k: &BlockKey, mask: u8| mask & (1 << k.index) != 0;
+            tier.set_pin_filter(std::sync::Arc::new(move |k| is_pinned(k, *tier_pins.lock().unwrap())));
+            let evicted = std::sync::Arc::new(Mutex::new(Vec::new()));
+            let sink = evicted.clone();
+            tier.set_eviction_sink(Box::new(move |k, b| sink.lock().unwrap().push((k.clone(), b.clone()))));
+            let mut model = Model { capacity, policy: Reference::new(capacity), data: BTreeMap::new() };
             let mut replayed = BTreeMap::new();
             for (seq, op) in ops.into_iter().enumerate() {
+                let mask = *pins.lock().unwrap();
                 match op {
                     Op::Put(k, len) => {
                         // The fill byte changes with every put so a stale block is caught.
                         let data = block(len, seq as u8);
-                        let accepted = model.put(&key(k), data.clone());
+                        let expected = model.put(&key(k), data.clone(), |k| is_pinned(k, mask));
                         let res = rt.block_on(tier.put(&key(k), data));
-                        if accepted {
-                            prop_assert!(res.is_ok(), "put refused: {:?}", res);
-                        } else {
-                            let refused_too_large = matches!(res, Err(TierError::TooLarge { .. }));
-                            prop_assert!(refused_too_large, "expected TooLarge, got {:?}", res);
+                        match (&expected, &res) {
+                            (Ok(victims), Ok(())) => {
+                                prop_assert_eq!(&std::mem::take(&mut *evicted.lock().unwrap()), victims);
+                            }
+                            (Err(TierError::TooLarge { .. }), Err(TierError::TooLarge { .. })) => {}
+                            (
+                                Err(TierError::Pinned { pinned: want, .. }),
+                                Err(TierError::Pinned { pinned: got, .. }),
+                            ) => prop_assert_eq!(want, got),
+                            _ => {
+                                return Err(TestCaseError::fail(format!("expected {expected:?}, got {res:?}")));
+                            }
                         }
+                        prop_assert!(evicted.lock().unwrap().is_empty(), "evicted for a refused put");
                     }
                     Op::Get(k) => {
                         let got = rt.block_on(tier.get(&key(k))).unwrap();
@@ -512,20 +495,23 @@ mod tests {
                         model.remove(&key(k));
                         rt.block_on(tier.remove(&key(k))).unwrap();
                     }
+                    Op::Pins(mask) => *pins.lock().unwrap() = mask,
                 }
                 let expected: BTreeMap<BlockKey, u64> =
-                    model.order.iter().map(|(k, d)| (k.clone(), d.len() as u64)).collect();
+                    model.data.iter().map(|(k, d)| (k.clone(), d.len() as u64)).collect();
                 prop_assert_eq!(&key_set(&tier), &expected);
                 prop_assert_eq!(tier.usage(), TierUsage {
                     capacity_bytes: capacity,
-                    used_bytes: model.used(),
-                    blocks: model.order.len() as u64,
+                    used_bytes: model.policy.used(),
+                    blocks: model.data.len() as u64,
                 });
-                prop_assert!(model.used() <= capacity);
+                prop_assert!(model.policy.used() <= capacity);
                 replay(&mut replayed, tier.drain_events());
                 prop_assert_eq!(&replayed, &expected);
-                for (k, _) in &model.order {
+                for (k, data) in &model.data {
                     prop_assert!(tier.contains(k));
+                    prop_assert_eq!(tier.peek(k), Some(data.clone()));
+                    prop_assert_eq!(tier.hits(k), model.policy.freq(k).unwrap());
                 }
             }
         }

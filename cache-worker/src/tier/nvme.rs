@@ -27,9 +27,10 @@
 //!   old file (an unlinked file stays readable through an open handle) or nothing (a miss).
 //! - Index entries carry a generation; a get that finds a file missing or corrupt only drops the
 //!   entry if it still has the generation it read, so it never drops a newer copy of the block.
-//! - `used` is the sum of data lengths of ready blocks, `reserved` the data lengths of puts in
-//!   flight, and `used + reserved <= capacity`. Headers are not counted: they are tens of bytes
-//!   against blocks of megabytes. `TierUsage::used_bytes` reports `used`.
+//! - `policy` ([`S3Fifo`]) holds exactly the ready blocks with their data lengths, so
+//!   `policy.used()` is the sum of those; `reserved` is the data lengths of puts in flight, and
+//!   `policy.used() + reserved <= capacity`. Headers are not counted: they are tens of bytes
+//!   against blocks of megabytes. `TierUsage::used_bytes` reports `policy.used()`.
 //! - Replaying the events yields the ready key set: `Added` when a block becomes ready (including
 //!   blocks found by `open`), `Removed` when a ready block is evicted, removed, dropped as corrupt
 //!   or found missing.
@@ -37,7 +38,7 @@
 //!   file I/O of a put or delete lives in drop guards moved into the blocking task, so a cancelled
 //!   caller cannot leave a key busy or space reserved forever.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -52,7 +53,7 @@ use bytes::Bytes;
 use strata_common::BlockKey;
 use tokio::sync::Notify;
 
-use super::{PinFilter, Result, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage};
 
 const MAGIC: &[u8; 8] = b"STRATABK";
 const FORMAT_VERSION: u32 = 1;
@@ -86,7 +87,6 @@ struct Shared {
 #[derive(Debug, Clone, Copy)]
 struct Ready {
     size: u64,
-    tick: u64,
     generation: u64,
     /// The file's data is known to match its checksum: this process wrote it from memory, or
     /// read and checked it since the tier opened. Only such blocks are served without a check
@@ -101,38 +101,50 @@ enum Slot {
     Busy,
 }
 
-#[derive(Default)]
 struct Index {
     slots: HashMap<BlockKey, Slot>,
-    /// Ready blocks by last-use tick; the first entry is the least recently used.
-    lru: BTreeMap<u64, BlockKey>,
-    next_tick: u64,
+    /// The ready blocks' eviction order.
+    policy: S3Fifo<BlockKey>,
     next_generation: u64,
-    used: u64,
     reserved: u64,
     events: Vec<TierEvent>,
 }
 
 impl Index {
+    fn new(capacity: u64) -> Self {
+        Self {
+            slots: HashMap::new(),
+            policy: S3Fifo::new(capacity),
+            next_generation: 0,
+            reserved: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// Counts a hit on a ready block.
     fn touch(&mut self, key: &BlockKey) -> Option<Ready> {
-        let tick = self.next_tick;
-        let Some(Slot::Ready(ready)) = self.slots.get_mut(key) else {
+        let Some(Slot::Ready(ready)) = self.slots.get(key) else {
             return None;
         };
-        self.next_tick += 1;
-        if let Some(k) = self.lru.remove(&ready.tick) {
-            self.lru.insert(tick, k);
-        }
-        ready.tick = tick;
+        self.policy.touch(key);
         Some(*ready)
     }
 
     fn insert_ready(&mut self, key: BlockKey, size: u64, verified: bool) {
-        let ready = Ready { size, tick: self.next_tick, generation: self.next_generation, verified };
-        self.next_tick += 1;
+        self.policy.insert(key.clone(), size);
+        self.publish(key, size, verified);
+    }
+
+    /// A block found by `open`: it was kept before the restart, so it starts in the policy's
+    /// main queue (see [`NvmeTier::open`]).
+    fn insert_recovered(&mut self, key: BlockKey, size: u64) {
+        self.policy.insert_main(key.clone(), size);
+        self.publish(key, size, false);
+    }
+
+    fn publish(&mut self, key: BlockKey, size: u64, verified: bool) {
+        let ready = Ready { size, generation: self.next_generation, verified };
         self.next_generation += 1;
-        self.lru.insert(ready.tick, key.clone());
-        self.used += size;
         self.events.push(TierEvent::Added { key: key.clone(), size });
         self.slots.insert(key, Slot::Ready(ready));
     }
@@ -145,8 +157,8 @@ impl Index {
             return None;
         };
         *slot = Slot::Busy;
-        self.lru.remove(&ready.tick);
-        self.used -= ready.size;
+        // A no-op for an eviction: `victims` already took the key out of the policy.
+        self.policy.remove(key);
         self.events.push(TierEvent::Removed { key: key.clone() });
         Some(ready)
     }
@@ -479,28 +491,12 @@ impl Shared {
         if index.reserved + size > self.capacity {
             return BeginPut::Wait;
         }
-        let mut victims = Vec::new();
-        let mut freed = 0;
-        let mut pinned_bytes = 0;
         let pinned = self.pin_filter.get();
-        for key in index.lru.values() {
-            if index.used - freed + index.reserved + size <= self.capacity {
-                break;
-            }
-            let len = match index.slots.get(key) {
-                Some(Slot::Ready(ready)) => ready.size,
-                _ => 0,
-            };
-            if pinned.is_some_and(|is_pinned| is_pinned(key)) {
-                pinned_bytes += len;
-                continue;
-            }
-            freed += len;
-            victims.push(key.clone());
-        }
-        if index.used - freed + index.reserved + size > self.capacity {
-            return BeginPut::Pinned(pinned_bytes);
-        }
+        let need = index.reserved + size;
+        let victims = match index.policy.victims(need, |k| pinned.is_some_and(|is_pinned| is_pinned(k))) {
+            Ok(victims) => victims,
+            Err(pinned_bytes) => return BeginPut::Pinned(pinned_bytes),
+        };
         for victim in &victims {
             index.retire(victim);
         }
@@ -589,7 +585,12 @@ impl NvmeTier {
     /// that sit under the wrong name are deleted and counted in
     /// [`corrupt_blocks`](Tier::corrupt_blocks). If the blocks found exceed `capacity_bytes`,
     /// the oldest by mtime are deleted until they fit. Every block kept is reported as an
-    /// `Added` event, and LRU order starts out as mtime order.
+    /// `Added` event.
+    ///
+    /// The blocks kept enter the S3-FIFO main queue in mtime order, oldest first, with no hits:
+    /// they were in the cache before the restart, so they had been admitted once, and in main
+    /// a scan right after the restart (which goes through the small queue) cannot flush them.
+    /// Main's first pass evicts them oldest written first, except those read since.
     pub fn open(dir: impl Into<PathBuf>, capacity_bytes: u64) -> Result<Self> {
         let dir = dir.into();
         let blocks_dir = dir.join(BLOCKS_DIR);
@@ -633,12 +634,12 @@ impl NvmeTier {
             }
         }
 
-        // Oldest first: eviction takes from the front, and ticks follow this order so the LRU
-        // starts as "least recently written".
+        // Oldest first: over capacity the oldest go, and main is filled in this order so its
+        // first pass evicts the least recently written first.
         found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         let mut total: u64 = found.iter().map(|f| f.3).sum();
         let mut evicted = 0u64;
-        let mut index = Index::default();
+        let mut index = Index::new(capacity_bytes);
         for (_, path, key, size) in found {
             if total > capacity_bytes {
                 remove_quietly(&path, "block file over capacity");
@@ -646,13 +647,13 @@ impl NvmeTier {
                 evicted += 1;
                 continue;
             }
-            index.insert_ready(key, size, false);
+            index.insert_recovered(key, size);
         }
         tracing::info!(
             dir = %dir.display(),
             tier = "nvme",
-            blocks = index.lru.len(),
-            used_bytes = index.used,
+            blocks = index.policy.len(),
+            used_bytes = index.policy.used(),
             capacity_bytes,
             corrupt,
             evicted,
@@ -678,7 +679,7 @@ impl NvmeTier {
     }
 
     /// Where a ready block's data sits, for zero-copy serving (sendfile): `(path, data_offset,
-    /// data_len)`. Counts as a use for LRU. Nothing is verified here — the caller bypasses the
+    /// data_len)`. Counts as a hit. Nothing is verified here — the caller bypasses the
     /// checksums, and the file may be evicted (deleted) right after this returns, so it must
     /// treat a missing file or a short read as a miss.
     pub fn locate(&self, key: &BlockKey) -> Option<(PathBuf, u64, u64)> {
@@ -708,7 +709,7 @@ impl Tier for NvmeTier {
     /// A ready block's file, opened, with the offset and length of its data — for serving
     /// without copying it through user space (sendfile, a passed descriptor). Only blocks whose
     /// checksum was verified since the tier opened qualify (`None` otherwise: read it with
-    /// `get`, which checks it and makes it qualify). Counts as a use for LRU.
+    /// `get`, which checks it and makes it qualify). Counts as a hit.
     ///
     /// The open descriptor keeps the data readable even if the block is evicted right after:
     /// files are only ever replaced by rename or deleted, never rewritten in place.
@@ -788,8 +789,8 @@ impl Tier for NvmeTier {
         let index = self.shared.lock();
         TierUsage {
             capacity_bytes: self.shared.capacity,
-            used_bytes: index.used,
-            blocks: index.lru.len() as u64,
+            used_bytes: index.policy.used(),
+            blocks: index.policy.len() as u64,
         }
     }
 
@@ -813,6 +814,10 @@ impl Tier for NvmeTier {
         self.shared.pin_filter.set(filter).is_ok()
     }
 
+    fn hits(&self, key: &BlockKey) -> u8 {
+        self.shared.lock().policy.freq(key).unwrap_or(0)
+    }
+
     fn corrupt_blocks(&self) -> u64 {
         self.shared.corrupt.load(Ordering::Relaxed)
     }
@@ -825,6 +830,7 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use super::super::policy::reference::Reference;
     use super::*;
 
     fn key(i: u64) -> BlockKey {
@@ -1063,14 +1069,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn eviction_deletes_least_recently_used_files() {
+    async fn eviction_deletes_the_evicted_files() {
         let dir = tempfile::tempdir().unwrap();
         let tier = NvmeTier::open(dir.path(), 300).unwrap();
         for i in 0..3 {
             tier.put(&key(i), data_for(i, 100)).await.unwrap();
         }
         assert_eq!(block_files(dir.path()).len(), 3);
-        // Refresh 0 by a read and 1 by a re-put, so 2 is the oldest.
+        // A hit on 0 by a read and on 1 by a re-put, so 2 is the one evicted.
         assert!(tier.get(&key(0)).await.unwrap().is_some());
         tier.put(&key(1), data_for(1, 100)).await.unwrap();
         tier.put(&key(3), data_for(3, 100)).await.unwrap();
@@ -1078,7 +1084,8 @@ mod tests {
             block_files(dir.path()),
             [0, 1, 3].into_iter().map(|i| tier.block_path(&key(i))).collect()
         );
-        // 250 bytes need three evictions, oldest first: 0, 1, then 3.
+        // 250 bytes need three evictions: 3 from the small queue, then 0 and 1 from main once
+        // the pass that aged their hit comes round again.
         tier.put(&key(4), data_for(4, 250)).await.unwrap();
         assert_eq!(block_files(dir.path()), [tier.block_path(&key(4))].into_iter().collect());
         assert_eq!(tier.usage(), TierUsage { capacity_bytes: 300, used_bytes: 250, blocks: 1 });
@@ -1141,7 +1148,7 @@ mod tests {
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, key_set(&tier));
-        // LRU starts in mtime order: 2 is older than 0, so it goes first.
+        // Recovered blocks start in mtime order: 2 is older than 0, so it goes first.
         tier.put(&key(5), data_for(5, 100)).await.unwrap();
         assert!(tier.contains(&key(0)) && !tier.contains(&key(2)));
     }
@@ -1312,9 +1319,9 @@ mod tests {
                         }
                         let index = tier.shared.lock();
                         assert!(
-                            index.used + index.reserved <= CAPACITY,
+                            index.policy.used() + index.reserved <= CAPACITY,
                             "over capacity: used {} reserved {}",
-                            index.used,
+                            index.policy.used(),
                             index.reserved
                         );
                     }
@@ -1349,6 +1356,8 @@ mod tests {
         CorruptData(u64),
         CorruptHeader(u64),
         Reopen,
+        /// Which keys are pinned from now on (a bit per key).
+        Pins(u8),
     }
 
     const KEYS: u64 = 6;
@@ -1361,48 +1370,32 @@ mod tests {
             1 => (0..KEYS).prop_map(Op::CorruptData),
             1 => (0..KEYS).prop_map(Op::CorruptHeader),
             1 => Just(Op::Reopen),
+            1 => any::<u8>().prop_map(|mask| Op::Pins(mask & (mask >> 2))),
         ]
     }
 
-    /// Reference model. Blocks are immutable per key, so a key always has the same size and
-    /// bytes. After a reopen the tier's recency comes from mtimes, which the model cannot
-    /// predict (coarse timestamps, reads do not touch them), so keys present at the reopen sit in
-    /// `unordered`, older than every key in `ordered` but in unknown order among themselves.
+    /// Reference model: the reference S3-FIFO over key indexes. Blocks are immutable per key,
+    /// so a key always has the same size and bytes. A reopen recovers blocks in mtime order,
+    /// which the test sets from the model's order (mtimes of real writes are too coarse to
+    /// predict), so the model knows the recovered order too.
     struct Model {
         capacity: u64,
         sizes: Vec<u64>,
-        unordered: BTreeSet<u64>,
-        /// Least recently used first.
-        ordered: Vec<u64>,
+        policy: Reference<u64>,
         bad_data: BTreeSet<u64>,
         bad_header: BTreeSet<u64>,
         corrupt: u64,
     }
 
     impl Model {
-        fn present(&self) -> BTreeSet<u64> {
-            self.unordered.iter().chain(&self.ordered).copied().collect()
-        }
-
-        fn used(&self) -> u64 {
-            self.present().iter().map(|&k| self.sizes[k as usize]).sum()
-        }
-
-        fn is_present(&self, k: u64) -> bool {
-            self.unordered.contains(&k) || self.ordered.contains(&k)
+        fn present(&self) -> Vec<u64> {
+            self.policy.entries().into_iter().map(|(k, _)| k).collect()
         }
 
         fn forget(&mut self, k: u64) {
-            self.unordered.remove(&k);
-            self.ordered.retain(|&x| x != k);
+            self.policy.remove(&k);
             self.bad_data.remove(&k);
             self.bad_header.remove(&k);
-        }
-
-        fn refresh(&mut self, k: u64) {
-            self.unordered.remove(&k);
-            self.ordered.retain(|&x| x != k);
-            self.ordered.push(k);
         }
 
         fn is_bad(&self, k: u64) -> bool {
@@ -1423,42 +1416,53 @@ mod tests {
             tier.usage(),
             TierUsage {
                 capacity_bytes: model.capacity,
-                used_bytes: model.used(),
+                used_bytes: model.policy.used(),
                 blocks: expected.len() as u64,
             }
         );
-        prop_assert!(model.used() <= model.capacity);
+        prop_assert!(model.policy.used() <= model.capacity);
         prop_assert_eq!(tier.corrupt_blocks(), model.corrupt);
         replay(replayed, tier.drain_events());
         prop_assert_eq!(&*replayed, &expected);
         let on_disk: BTreeSet<PathBuf> = expected.keys().map(|k| tier.block_path(k)).collect();
         prop_assert_eq!(block_files(dir), on_disk);
         prop_assert!(files_with_suffix(dir, ".tmp").is_empty());
+        for k in model.present() {
+            prop_assert_eq!(tier.hits(&key(k)), model.policy.freq(&k).unwrap());
+        }
         Ok(())
+    }
+
+    fn open_pinned(dir: &Path, capacity: u64, pins: &Arc<Mutex<u8>>) -> NvmeTier {
+        let tier = NvmeTier::open(dir, capacity).unwrap();
+        let pins = Arc::clone(pins);
+        tier.set_pin_filter(Arc::new(move |k| *pins.lock().unwrap() & (1 << k.index) != 0));
+        tier
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
-        fn behaves_like_a_reference_lru_across_restarts(
+        fn behaves_like_the_reference_s3fifo_across_restarts(
             capacity in prop_oneof![Just(0u64), 1u64..200],
             sizes in proptest::collection::vec(0u64..64, KEYS as usize),
             ops in proptest::collection::vec(op(), 1..50),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let dir = tempfile::tempdir().unwrap();
-            let mut tier = NvmeTier::open(dir.path(), capacity).unwrap();
+            let pins = Arc::new(Mutex::new(0u8));
+            let mut tier = open_pinned(dir.path(), capacity, &pins);
             let mut model = Model {
                 capacity,
                 sizes: sizes.clone(),
-                unordered: BTreeSet::new(),
-                ordered: Vec::new(),
+                policy: Reference::new(capacity),
                 bad_data: BTreeSet::new(),
                 bad_header: BTreeSet::new(),
                 corrupt: 0,
             };
             let mut replayed = BTreeMap::new();
             for op in ops {
+                let mask = *pins.lock().unwrap();
                 match op {
                     Op::Put(k) => {
                         let size = sizes[k as usize];
@@ -1466,45 +1470,35 @@ mod tests {
                         if capacity == 0 || size > capacity {
                             let refused_too_large = matches!(res, Err(TierError::TooLarge { .. }));
                             prop_assert!(refused_too_large, "expected TooLarge, got {:?}", res);
-                        } else if model.is_present(k) {
+                        } else if model.policy.contains(&k) {
                             prop_assert!(res.is_ok(), "put failed: {:?}", res);
-                            model.refresh(k);
+                            model.policy.touch(&k);
                         } else {
-                            prop_assert!(res.is_ok(), "put failed: {:?}", res);
-                            let before = model.present();
-                            let after: BTreeSet<u64> = tier.keys().iter().map(|(k, _)| k.index).collect();
-                            prop_assert!(after.contains(&k));
-                            let mut survivors = after.clone();
-                            survivors.remove(&k);
-                            prop_assert!(survivors.is_subset(&before), "blocks appeared: {:?}", survivors);
-                            let evicted: BTreeSet<u64> = before.difference(&survivors).copied().collect();
-                            // Known-order keys go strictly oldest first, and only after every
-                            // unordered (older) key went.
-                            let evicted_ordered: Vec<u64> =
-                                model.ordered.iter().copied().filter(|x| evicted.contains(x)).collect();
-                            prop_assert_eq!(&evicted_ordered[..], &model.ordered[..evicted_ordered.len()]);
-                            if !evicted_ordered.is_empty() {
-                                prop_assert!(model.unordered.is_subset(&evicted));
+                            match model.policy.victims(size, |x| mask & (1 << x) != 0) {
+                                Ok(victims) => {
+                                    prop_assert!(res.is_ok(), "put failed: {:?}", res);
+                                    // Evicted in the model's order, then the block is added.
+                                    let mut expected: Vec<TierEvent> =
+                                        victims.iter().map(|&v| TierEvent::Removed { key: key(v) }).collect();
+                                    expected.push(TierEvent::Added { key: key(k), size });
+                                    let events = tier.drain_events();
+                                    prop_assert_eq!(&events, &expected);
+                                    replay(&mut replayed, events);
+                                    for v in victims {
+                                        model.forget(v);
+                                    }
+                                    model.policy.insert(k, size);
+                                }
+                                Err(pinned) => {
+                                    let refused = matches!(res, Err(TierError::Pinned { pinned: p, .. }) if p == pinned);
+                                    prop_assert!(refused, "expected Pinned of {}, got {:?}", pinned, res);
+                                }
                             }
-                            // Evicting stops as soon as the block fits: the last victim was needed.
-                            let used_after: u64 = after.iter().map(|&x| sizes[x as usize]).sum();
-                            prop_assert!(used_after <= capacity);
-                            if model.used() + size <= capacity {
-                                prop_assert!(evicted.is_empty(), "needless eviction of {:?}", evicted);
-                            } else if let Some(&last) = evicted_ordered.last() {
-                                prop_assert!(used_after + sizes[last as usize] > capacity);
-                            } else {
-                                prop_assert!(evicted.iter().any(|&e| used_after + sizes[e as usize] > capacity));
-                            }
-                            for e in evicted {
-                                model.forget(e);
-                            }
-                            model.refresh(k);
                         }
                     }
                     Op::Get(k) => {
                         let got = rt.block_on(tier.get(&key(k))).unwrap();
-                        if !model.is_present(k) {
+                        if !model.policy.contains(&k) {
                             prop_assert_eq!(got, None);
                         } else if model.is_bad(k) {
                             prop_assert_eq!(got, None);
@@ -1513,7 +1507,7 @@ mod tests {
                             model.corrupt += 1;
                         } else {
                             prop_assert_eq!(got, Some(data_for(k, sizes[k as usize] as usize)));
-                            model.refresh(k);
+                            model.policy.touch(&k);
                         }
                     }
                     Op::Remove(k) => {
@@ -1521,7 +1515,7 @@ mod tests {
                         model.forget(k);
                     }
                     Op::CorruptData(k) => {
-                        if model.is_present(k) && !model.is_bad(k) && sizes[k as usize] > 0 {
+                        if model.policy.contains(&k) && !model.is_bad(k) && sizes[k as usize] > 0 {
                             let path = tier.block_path(&key(k));
                             let len = fs::metadata(&path).unwrap().len() as usize;
                             flip_byte(&path, len - 1);
@@ -1529,25 +1523,32 @@ mod tests {
                         }
                     }
                     Op::CorruptHeader(k) => {
-                        if model.is_present(k) && !model.is_bad(k) {
+                        if model.policy.contains(&k) && !model.is_bad(k) {
                             flip_byte(&tier.block_path(&key(k)), HEADER_BYTE);
                             model.bad_header.insert(k);
                         }
                     }
                     Op::Reopen => {
+                        // Recovery order is mtime order: make it the model's order.
+                        let present = model.present();
+                        let base = SystemTime::now() - Duration::from_secs(10_000);
+                        for (i, &k) in present.iter().enumerate() {
+                            let file = File::options().write(true).open(tier.block_path(&key(k))).unwrap();
+                            file.set_modified(base + Duration::from_secs(i as u64)).unwrap();
+                        }
                         drop(tier);
-                        tier = NvmeTier::open(dir.path(), capacity).unwrap();
+                        tier = open_pinned(dir.path(), capacity, &pins);
                         // Headers are checked on open, data only on read; the counter
                         // restarts with the process.
                         let dropped = std::mem::take(&mut model.bad_header);
                         model.corrupt = dropped.len() as u64;
-                        for k in dropped {
-                            model.forget(k);
+                        model.policy = Reference::new(capacity);
+                        for k in present.into_iter().filter(|k| !dropped.contains(k)) {
+                            model.policy.insert_main(k, sizes[k as usize]);
                         }
-                        model.unordered = model.present();
-                        model.ordered.clear();
                         replayed.clear();
                     }
+                    Op::Pins(mask) => *pins.lock().unwrap() = mask,
                 }
                 check_state(&tier, dir.path(), &model, &mut replayed)?;
             }
