@@ -31,3 +31,9 @@ pub const WRITEBACK_PENDING_BYTES: &str = "strata_master_writeback_pending_bytes
 pub const WRITEBACK_OLDEST_PENDING: &str = "strata_master_writeback_oldest_pending_seconds";
 /// Counter, label `result` (`persisted`, `failed`): write-back uploads that ended.
 pub const WRITEBACK_UPLOADS: &str = "strata_master_writeback_uploads_total";
+/// Gauge, label `tier` (`memory`/`nvme`): pins in force.
+pub const PINS: &str = "strata_master_pins";
+/// Gauge, label `tier`: bytes under those pins when they were made.
+pub const PINNED_BYTES: &str = "strata_master_pinned_bytes";
+/// Counter: frees queued (`strata free`).
+pub const FREES: &str = "strata_master_frees_total";

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use strata_common::{SharedClock, path};
 
 use crate::error::OpError;
+use crate::metrics_defs as m;
 use crate::store::MetaStore;
 
 /// The tier a pin holds blocks in.
@@ -89,19 +90,16 @@ impl Pins {
     pub fn new(records: Vec<PinRecord>, store: Arc<dyn MetaStore>, clock: SharedClock) -> Self {
         let pins = records.into_iter().map(|r| (r.path.clone(), r)).collect();
         let first_epoch = clock.wall_ms().max(0) as u64;
-        Self {
-            clock,
-            store,
-            state: Mutex::new(State {
-                pins,
-                epoch: first_epoch,
-                frees: VecDeque::new(),
-                // Sequences grow across restarts too: a worker's "applied" from before is
-                // below them.
-                last_free: first_epoch,
-                applied: HashMap::new(),
-            }),
-        }
+        let state = State {
+            pins,
+            epoch: first_epoch,
+            frees: VecDeque::new(),
+            // Sequences grow across restarts too: a worker's "applied" from before is below them.
+            last_free: first_epoch,
+            applied: HashMap::new(),
+        };
+        Self::publish(&state);
+        Self { clock, store, state: Mutex::new(state) }
     }
 
     /// Wall-clock milliseconds on the pins' clock.
@@ -113,12 +111,23 @@ impl Pins {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Sets the pin gauges from `state`.
+    fn publish(state: &State) {
+        for tier in [PinTier::Memory, PinTier::Nvme] {
+            let pins = state.pins.values().filter(|p| p.tier == tier);
+            let (n, bytes) = pins.fold((0u64, 0u64), |(n, b), p| (n + 1, b + p.bytes));
+            metrics::gauge!(m::PINS, "tier" => tier.label()).set(n as f64);
+            metrics::gauge!(m::PINNED_BYTES, "tier" => tier.label()).set(bytes as f64);
+        }
+    }
+
     /// Adds (or replaces, for the same path) a pin, durably.
     pub fn add(&self, record: PinRecord) -> Result<PinRecord, OpError> {
         self.store.put_pin(&record)?;
         let mut state = self.state();
         state.pins.insert(record.path.clone(), record.clone());
         state.epoch += 1;
+        Self::publish(&state);
         Ok(record)
     }
 
@@ -132,6 +141,7 @@ impl Pins {
         let mut state = self.state();
         state.pins.remove(path);
         state.epoch += 1;
+        Self::publish(&state);
         Ok(record)
     }
 
@@ -184,6 +194,7 @@ impl Pins {
     pub fn queue_free(&self, ufs_prefix: String) -> u64 {
         let mut state = self.state();
         state.last_free += 1;
+        metrics::counter!(m::FREES).increment(1);
         let seq = state.last_free;
         state.frees.push_back((seq, ufs_prefix));
         while state.frees.len() > FREES_KEPT {

@@ -606,6 +606,9 @@ fn token_info(r: &TokenRecord) -> pb::TokenInfo {
     }
 }
 
+/// The least time without a heartbeat that makes a live worker suspect.
+const SUSPECT_FLOOR_MS: u64 = 2_000;
+
 /// A file under a pinned or freed path, as its blocks are keyed.
 struct FileBlocks {
     file_id: String,
@@ -644,9 +647,11 @@ impl Rpc {
     }
 
     /// How long a live worker may go without a heartbeat before clients are told to ask it
-    /// last: three heartbeat intervals, so one late beat does not move reads.
+    /// last: three heartbeat intervals and at least 2 s, so late beats of a busy worker (its
+    /// heartbeat shares the runtime with its reads) do not send reads, and with them UFS
+    /// fetches, to the next owner.
     fn suspect_after(&self) -> Duration {
-        Duration::from_millis(self.heartbeat_interval_ms.saturating_mul(3).max(1))
+        Duration::from_millis(self.heartbeat_interval_ms.saturating_mul(3).max(SUSPECT_FLOOR_MS))
     }
 
     fn live_ids(&self) -> std::collections::HashSet<String> {

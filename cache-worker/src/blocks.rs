@@ -5,8 +5,9 @@
 //!
 //! Read path for one block range: resolve the path to its mount and name the block (key =
 //! file identity of the mount's URI and path, the client's version, the index); then DRAM; a
-//! verified NVMe block as its file (zero copy); any other NVMe hit (checked, promoted); else
-//! the single flight to the upstream or the UFS (`fetch`). Every client read is foreground
+//! verified NVMe block as its file (zero copy); any other NVMe hit (checked, and promoted to
+//! DRAM from its second hit); else the single flight to the upstream (a sidecar's cluster, a
+//! worker's peers) or the UFS (`fetch`). Every client read is foreground
 //! activity for the QoS lane; a warmup load is not, and writes its block through to NVMe.
 
 use std::sync::Arc;
@@ -260,9 +261,9 @@ impl BlockService {
         }
         let Some((bytes, source)) = self.cache.lookup(&at.key).await else { return Ok(None) };
         let start = r.offset as usize;
-        let out = bytes.slice(start..start + r.len as usize);
-        self.served(out.len() as u64);
-        Ok(Some((out, source)))
+        // Not counted as served: the peer counts what it takes (its upstream reads), and
+        // `bytes_served` stays what clients got.
+        Ok(Some((bytes.slice(start..start + r.len as usize), source)))
     }
 
     async fn read_bytes(&self, r: &BlockRead, at: &Located) -> Result<(Bytes, Source), ServeError> {

@@ -59,15 +59,36 @@ struct Seen {
 pub(crate) struct Health {
     policy: HedgePolicy,
     seen: Mutex<HashMap<String, Seen>>,
+    /// Hedges this client may send now: each answered read earns [`HEDGE_SHARE`] of one, up to
+    /// [`HEDGE_BURST`], each hedge spends one. On a cluster that is slow everywhere (a loaded
+    /// UFS), hedges would double the load that made reads slow; the budget keeps them to about
+    /// one read in twenty, while a frozen worker needs only [`STRIKES`] of them to be asked last.
+    budget: Mutex<f64>,
 }
+
+/// The budget's share of a hedge earned by each answered read.
+pub(crate) const HEDGE_SHARE: f64 = 0.05;
+/// The most hedges the budget holds (and starts with).
+pub(crate) const HEDGE_BURST: f64 = 10.0;
 
 impl Health {
     pub(crate) fn new(policy: HedgePolicy) -> Self {
-        Self { policy, seen: Mutex::default() }
+        Self { policy, seen: Mutex::default(), budget: Mutex::new(HEDGE_BURST) }
     }
 
     pub(crate) fn hedging(&self) -> bool {
         !self.policy.max.is_zero()
+    }
+
+    /// Takes one hedge from the budget; `false` when it is spent.
+    pub(crate) fn take_hedge(&self) -> bool {
+        let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        if *budget >= 1.0 {
+            *budget -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 
     fn with<T>(&self, addr: &str, f: impl FnOnce(&mut Seen) -> T) -> T {
@@ -103,6 +124,8 @@ impl Health {
             s.strikes = 0;
             s.suspect_until = None;
         });
+        let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        *budget = (*budget + HEDGE_SHARE).min(HEDGE_BURST);
     }
 
     /// A read from `addr` failed in a way another worker may not (refused, reset, timed out).
@@ -154,6 +177,18 @@ mod tests {
             h.answered("c", 5000 * MS);
         }
         assert_eq!(h.hedge_after("c"), 500 * MS, "slow answers: the ceiling");
+    }
+
+    #[test]
+    fn hedges_are_budgeted_to_a_share_of_answered_reads() {
+        let h = Health::new(HedgePolicy::default());
+        let burst = HEDGE_BURST as usize;
+        assert_eq!((0..burst + 5).filter(|_| h.take_hedge()).count(), burst, "a burst, then none");
+        for _ in 0..(1.0 / HEDGE_SHARE) as usize {
+            h.answered("a", MS);
+        }
+        assert!(h.take_hedge(), "twenty answers earn one hedge");
+        assert!(!h.take_hedge());
     }
 
     #[test]

@@ -1047,7 +1047,8 @@ impl Client {
                 // Nothing in flight: ask the next owner now.
                 hedge_at = Instant::now();
             }
-            let hedge = health.hedging() || (primary.is_none() && others.is_empty());
+            let idle = primary.is_none() && others.is_empty();
+            let hedge = idle || health.hedging();
             tokio::select! {
                 biased;
                 answer = async { primary.as_mut().expect("guarded").await }, if primary.is_some() => {
@@ -1091,7 +1092,14 @@ impl Client {
                 () = tokio::time::sleep_until(hedge_at), if can_ask_more && hedge => {
                     let i = asked.len();
                     let owner = &owners[i];
-                    if asked.iter().any(Option::is_some) {
+                    let racing = asked.iter().any(Option::is_some);
+                    if racing && !health.take_hedge() {
+                        // Out of hedges: wait for the reads in flight (their request timeout
+                        // still ends them), look again at the next deadline.
+                        hedge_at = Instant::now() + health.hedge_after(&owners[i - 1].data_addr);
+                        continue;
+                    }
+                    if racing {
                         debug!(worker = %owner.id, block = req.block_index, path = %req.path, "no answer within the hedging deadline; asking the next owner as well");
                         metrics::counter!(METRIC_HEDGES).increment(1);
                         self.inner.hedges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -179,6 +179,20 @@ impl Cluster {
         handle
     }
 
+    /// The cluster as a sidecar's upstream, presenting `token`, with this harness's client
+    /// settings ([`client_config`](Self::client_config)).
+    pub async fn sidecar_upstream(
+        &self,
+        token: Option<String>,
+        request_timeout: Duration,
+    ) -> strata_client::ClusterUpstream {
+        let mut c = self.client_config();
+        c.sidecar_socket = None;
+        c.request_timeout = request_timeout;
+        c.token = token.map(strata_client::Token);
+        strata_client::ClusterUpstream::new(Client::connect(c).await.expect("the sidecar's cluster client"))
+    }
+
     /// Starts one more worker (a new id and NVMe tier) and waits until the master lists it.
     pub async fn add_worker(&mut self) -> usize {
         let i = self.worker_configs.len();
@@ -195,11 +209,15 @@ impl Cluster {
         self.master_config.rpc_addr.to_string()
     }
 
-    /// A client's configuration presenting the admin token (none with `auth: false`).
+    /// A client's configuration presenting the admin token (none with `auth: false`). Reads
+    /// hedge only after 2 s: tests that count UFS reads or bytes served exactly must not see a
+    /// loaded CI machine's slow answer raced by a second worker (the hedging tests set their
+    /// own policy).
     pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new(self.master_addr());
         c.membership_refresh = Duration::from_millis(200);
         c.request_timeout = Duration::from_secs(20);
+        c.hedge = strata_client::HedgePolicy { min: Duration::from_secs(2), max: Duration::from_secs(5) };
         c.token = self.admin_token().map(strata_client::Token);
         // The cluster's TLS, never the environment's.
         c.tls = self.tls.as_ref().map(|t| t.pki.client()).unwrap_or_default();

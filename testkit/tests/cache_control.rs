@@ -95,13 +95,18 @@ async fn pinned_files_stay_cached_through_pressure_and_restarts() {
     let pins = client.pins().await.unwrap();
     assert_eq!(pins.iter().map(|p| p.path.as_str()).collect::<Vec<_>>(), ["/data/hot"]);
 
-    // Unpinned, the files are evictable again.
+    // Unpinned, the files are evictable again: no tier passes over them any more. (Whether
+    // pressure then evicts them is the policy's call: S3-FIFO keeps blocks read this often.)
     client.unpin("/data/hot").await.unwrap();
     wait_for_pins(&cluster, 0).await;
-    pressure(&cluster, &client, &cold).await;
-    let before = cluster.ufs_reads();
-    read_each(&client, &hot).await;
-    assert!(cluster.ufs_reads() > before, "unpinned files are evicted by pressure again");
+    for i in 0..cluster.worker_count() {
+        let w = cluster.worker(i);
+        for tier in w.blocks.cache().tiers() {
+            for (key, _) in tier.keys().into_iter().filter(|(k, _)| k.file.contains("/hot/")) {
+                assert!(!w.pins.is_pinned(&key, tier.kind()), "{key} is still pinned on worker {i}");
+            }
+        }
+    }
     let e = client.unpin("/data/hot").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 }

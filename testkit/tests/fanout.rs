@@ -170,13 +170,9 @@ async fn start_sidecar(cluster: &Cluster, dir: &Path, tiers: Tiers) -> SidecarHa
         token: cluster.worker_token(),
         ..WorkerConfig::default()
     };
-    let upstream = strata_client::ClusterUpstream::connect(
-        &config.master_addr,
-        config.token.clone(),
-        std::time::Duration::from_millis(config.ufs_timeout_ms),
-    )
-    .await
-    .expect("cluster client");
+    let upstream = cluster
+        .sidecar_upstream(config.token.clone(), std::time::Duration::from_millis(config.ufs_timeout_ms))
+        .await;
     sidecar::start(config, cluster.factory.clone(), Arc::new(upstream)).await.expect("sidecar starts")
 }
 

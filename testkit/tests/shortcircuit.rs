@@ -50,13 +50,9 @@ async fn start_sidecar_with_clock(
         ..WorkerConfig::default()
     };
     tune(&mut config);
-    let upstream = strata_client::ClusterUpstream::connect(
-        &config.master_addr,
-        config.token.clone(),
-        std::time::Duration::from_millis(config.ufs_timeout_ms),
-    )
-    .await
-    .expect("cluster client");
+    let upstream = cluster
+        .sidecar_upstream(config.token.clone(), std::time::Duration::from_millis(config.ufs_timeout_ms))
+        .await;
     sidecar::start_with_clock(config, cluster.factory.clone(), std::sync::Arc::new(upstream), clock)
         .await
         .expect("sidecar starts")
