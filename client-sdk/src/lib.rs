@@ -1054,39 +1054,18 @@ impl Client {
                 answer = async { primary.as_mut().expect("guarded").await }, if primary.is_some() => {
                     primary = None;
                     let at = asked[0].take().expect("asked");
-                    match answer {
-                        Ok(bytes) => {
-                            health.answered(&first.data_addr, at.elapsed());
-                            break Some((0, bytes));
-                        }
-                        Err(e) if e.try_next_worker() => {
-                            warn!(worker = %first.id, block = req.block_index, path = %req.path, err = %e, "worker failed; trying the next");
-                            health.failed(&first.data_addr, Instant::now());
-                            last_err = Some(e);
-                        }
-                        Err(e) => {
-                            health.answered(&first.data_addr, at.elapsed());
-                            return Asked::Refused(e);
-                        }
+                    match judge(health, first, req, at, answer, &mut last_err) {
+                        Judged::Won(bytes) => break Some((0, bytes)),
+                        Judged::Next => {}
+                        Judged::Refused(e) => return Asked::Refused(e),
                     }
                 }
                 Some((i, answer)) = others.next(), if !others.is_empty() => {
-                    let owner: &Member = &owners[i];
                     let at = asked[i].take().expect("asked");
-                    match answer {
-                        Ok(bytes) => {
-                            health.answered(&owner.data_addr, at.elapsed());
-                            break Some((i, Some(bytes)));
-                        }
-                        Err(e) if e.try_next_worker() => {
-                            warn!(worker = %owner.id, block = req.block_index, path = %req.path, err = %e, "worker failed; trying the next");
-                            health.failed(&owner.data_addr, Instant::now());
-                            last_err = Some(e);
-                        }
-                        Err(e) => {
-                            health.answered(&owner.data_addr, at.elapsed());
-                            return Asked::Refused(e);
-                        }
+                    match judge(health, &owners[i], req, at, answer, &mut last_err) {
+                        Judged::Won(bytes) => break Some((i, Some(bytes))),
+                        Judged::Next => {}
+                        Judged::Refused(e) => return Asked::Refused(e),
                     }
                 }
                 () = tokio::time::sleep_until(hedge_at), if can_ask_more && hedge => {
@@ -1269,6 +1248,42 @@ impl Client {
 /// A block read from an owner other than the first: its position in the owners and its bytes.
 type OtherRead<'a> =
     std::pin::Pin<Box<dyn Future<Output = (usize, std::result::Result<Bytes, TransportError>)> + Send + 'a>>;
+
+/// What one owner's answer to a hedged block read means.
+enum Judged<T> {
+    Won(T),
+    /// It failed in a way another owner may not: ask the next.
+    Next,
+    /// A refusal any worker would give.
+    Refused(TransportError),
+}
+
+/// Records `owner`'s answer (asked at `at`) in its health and says what it means for the read.
+fn judge<T>(
+    health: &health::Health,
+    owner: &Member,
+    req: &ReadBlockRequest,
+    at: tokio::time::Instant,
+    answer: std::result::Result<T, TransportError>,
+    last_err: &mut Option<TransportError>,
+) -> Judged<T> {
+    match answer {
+        Ok(bytes) => {
+            health.answered(&owner.data_addr, at.elapsed());
+            Judged::Won(bytes)
+        }
+        Err(e) if e.try_next_worker() => {
+            warn!(worker = %owner.id, block = req.block_index, path = %req.path, err = %e, "worker failed; trying the next");
+            health.failed(&owner.data_addr, tokio::time::Instant::now());
+            *last_err = Some(e);
+            Judged::Next
+        }
+        Err(e) => {
+            health.answered(&owner.data_addr, at.elapsed());
+            Judged::Refused(e)
+        }
+    }
+}
 
 /// How a hedged block read ([`Client::read_from_owners`]) ended.
 enum Asked {

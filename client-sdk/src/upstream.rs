@@ -39,13 +39,24 @@ impl ClusterUpstream {
         request_timeout: Duration,
         tls: crate::TlsConfig,
     ) -> Result<Self> {
-        let mut config = ClientConfig::new(master_addr);
-        config.sidecar_socket = None;
-        config.request_timeout = request_timeout;
-        config.tls = tls;
-        config.token = token.map(crate::Token);
-        Ok(Self::new(Client::connect(config).await?))
+        Ok(Self::new(Client::connect(cluster_config(master_addr, token, request_timeout, tls)).await?))
     }
+}
+
+/// A worker's or sidecar's client of its cluster: never through a sidecar socket (the pod's
+/// environment may name the sidecar's own), presenting the worker's `token`.
+fn cluster_config(
+    master_addr: &str,
+    token: Option<String>,
+    request_timeout: Duration,
+    tls: crate::TlsConfig,
+) -> ClientConfig {
+    let mut config = ClientConfig::new(master_addr);
+    config.sidecar_socket = None;
+    config.request_timeout = request_timeout;
+    config.tls = tls;
+    config.token = token.map(crate::Token);
+    config
 }
 
 #[async_trait]
@@ -113,12 +124,7 @@ impl PeerUpstream {
         request_timeout: Duration,
         tls: crate::TlsConfig,
     ) -> Result<Self> {
-        let mut config = ClientConfig::new(master_addr);
-        config.sidecar_socket = None;
-        config.request_timeout = request_timeout;
-        config.tls = tls;
-        config.token = token.map(crate::Token);
-        let client = Client::connect(config).await?;
+        let client = Client::connect(cluster_config(master_addr, token, request_timeout, tls)).await?;
         let rings = Rings { current: None, previous: None, changed_at: client.config().clock.now() };
         Ok(Self { client, me: me.to_string(), rings: std::sync::Mutex::new(rings), request_timeout })
     }
