@@ -13,7 +13,7 @@ use strata_client::{Client, ClientConfig, Token};
 use strata_testkit::pattern;
 
 mod common;
-use common::{Proc, admin_token_file, spawn_until, strata, wait_for, worker_token_file};
+use common::{Proc, admin_token_file, master_args, spawn_until, strata, wait_for, worker_args};
 
 const FILES: usize = 60;
 const FILE_LEN: usize = 256 * 1024;
@@ -77,44 +77,17 @@ fn a_frozen_worker_fails_no_read_holds_none_for_a_second_and_is_reported_suspect
         })
         .collect();
     let config = dir.path().join("master.toml");
-    // Suspect after 3 heartbeats (600 ms); lost only after 60 s, so the whole test runs with the
-    // frozen worker still on the ring: reads must route around it, not wait for it to leave.
+    // Suspect after 2 s (three 200 ms heartbeats, 2 s at least); lost only after 60 s, so the
+    // whole test runs with the frozen worker still on the ring: reads must route around it,
+    // not wait for it to leave.
     std::fs::write(&config, "worker_timeout_ms = 60000\nheartbeat_interval_ms = 200\n").unwrap();
-    let (_master, master) = spawn(
-        &[
-            "master",
-            "--config",
-            &config.display().to_string(),
-            "--rpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            &dir.path().join("master").display().to_string(),
-        ],
-        "master listening on ",
-        &dir.path().join("master.log"),
-    );
+    let args = master_args(&config, &dir.path().join("master"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_master, master) = spawn(&args, "master listening on ", &dir.path().join("master.log"));
     let workers: Vec<Proc> = (0..3)
         .map(|i| {
-            let data = dir.path().join(format!("worker-{i}"));
-            let args = [
-                "--master",
-                &master,
-                "worker",
-                "--data-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-                "--data-dir",
-                &data.display().to_string(),
-                "--memory",
-                "64MiB",
-                "--nvme",
-                "0",
-                "--token-file",
-                &worker_token_file().display().to_string(),
-            ];
+            let args = worker_args(&master, &dir.path().join(format!("worker-{i}")), "64MiB", "0");
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             spawn(&args, " serving data on ", &dir.path().join(format!("worker-{i}.log"))).0
         })
         .collect();

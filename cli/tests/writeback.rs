@@ -12,7 +12,7 @@ use serde_json::Value;
 use strata_testkit::{TestUfs, pattern};
 
 mod common;
-use common::{Proc, spawn_until, wait_for, worker_token_file};
+use common::{Proc, master_args, spawn_until, wait_for, worker_token_file};
 
 /// `strata` as [`common::strata`], logging at info level (the tests read the logs).
 fn strata() -> Command {
@@ -51,22 +51,9 @@ impl Cluster {
             "worker_timeout_ms = 3000\nheartbeat_interval_ms = 200\nwriteback_journal_grace_ms = 200\n",
         )
         .unwrap();
-        let data = dir.path().join("master").display().to_string();
-        let (master_proc, master) = spawn(
-            &[
-                "master",
-                "--config",
-                &config.display().to_string(),
-                "--rpc-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-                "--data-dir",
-                &data,
-            ],
-            "master listening on ",
-            &dir.path().join("master.log"),
-        );
+        let args = master_args(&config, &dir.path().join("master"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (master_proc, master) = spawn(&args, "master listening on ", &dir.path().join("master.log"));
         let mut cluster =
             Cluster { dir, _master: master_proc, master, workers: Vec::new(), journal_dirs, s3 };
         for i in 0..cluster.journal_dirs.len() {

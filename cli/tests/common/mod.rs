@@ -90,3 +90,22 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `strata master` arguments: the config file, ports picked at run time, the data directory.
+pub fn master_args(config: &std::path::Path, data_dir: &std::path::Path) -> Vec<String> {
+    let mut args = vec!["master".to_string(), "--config".into(), config.display().to_string()];
+    args.extend(["--rpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir"].map(String::from));
+    args.push(data_dir.display().to_string());
+    args
+}
+
+/// `strata worker` arguments for the master at `master`: ports picked at run time, the data
+/// directory, the tier sizes and the shared worker token.
+pub fn worker_args(master: &str, data_dir: &std::path::Path, memory: &str, nvme: &str) -> Vec<String> {
+    let mut args = vec!["--master".to_string(), master.to_string(), "worker".into()];
+    args.extend(["--data-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir"].map(String::from));
+    args.push(data_dir.display().to_string());
+    args.extend(["--memory".to_string(), memory.to_string(), "--nvme".into(), nvme.to_string()]);
+    args.extend(["--token-file".to_string(), worker_token_file().display().to_string()]);
+    args
+}
