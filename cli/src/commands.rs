@@ -50,7 +50,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Pin { path, tier, ttl } => pin(&t, &path, &tier, ttl.as_deref()).await,
         Command::Unpin { path } => {
             let p = connect(&t).await?.unpin(&path).await?;
-            eprintln!("unpinned {} ({})", p.path, tier_name(p.tier));
+            eprintln!("unpinned {} ({})", p.path, strata_client::pin_tier_name(p.tier));
             Ok(())
         }
         Command::Pins { json } => pins(&t, json).await,
@@ -517,23 +517,12 @@ async fn put(target: &Target, src: &Path, path: &str, wait: Option<&str>) -> Res
     Ok(())
 }
 
-fn tier_name(tier: i32) -> &'static str {
-    match strata_client::PinTier::try_from(tier) {
-        Ok(strata_client::PinTier::Memory) => "memory",
-        _ => "nvme",
-    }
-}
-
 fn unix_ms_text(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), |t| t.to_rfc3339())
 }
 
 async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>) -> Result<()> {
-    let tier = match tier {
-        "memory" | "dram" => strata_client::PinTier::Memory,
-        "nvme" => strata_client::PinTier::Nvme,
-        other => bail!("--tier {other:?}: expected memory or nvme"),
-    };
+    let tier = strata_client::parse_pin_tier(tier).map_err(|e| anyhow::anyhow!("--{e}"))?;
     let ttl = ttl
         .map(|t| {
             strata_common::units::parse_duration(t)
@@ -547,7 +536,7 @@ async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>) -> Resu
     } else {
         format!(" until {}", unix_ms_text(p.expires_unix_ms))
     };
-    eprintln!("pinned {} in {} ({} bytes){until}", p.path, tier_name(p.tier), p.bytes);
+    eprintln!("pinned {} in {} ({} bytes){until}", p.path, strata_client::pin_tier_name(p.tier), p.bytes);
     Ok(())
 }
 
@@ -557,7 +546,7 @@ async fn pins(target: &Target, as_json: bool) -> Result<()> {
         let items: Vec<_> = pins
             .iter()
             .map(|p| {
-                json!({"path": p.path, "tier": tier_name(p.tier), "bytes": p.bytes,
+                json!({"path": p.path, "tier": strata_client::pin_tier_name(p.tier), "bytes": p.bytes,
                        "created_unix_ms": p.created_unix_ms,
                        "expires_unix_ms": (p.expires_unix_ms != 0).then_some(p.expires_unix_ms)})
             })
@@ -569,7 +558,7 @@ async fn pins(target: &Target, as_json: bool) -> Result<()> {
         for p in &pins {
             let until =
                 if p.expires_unix_ms == 0 { "-".to_string() } else { unix_ms_text(p.expires_unix_ms) };
-            outln!("{:<6} {:>14}  {:<25}  {}", tier_name(p.tier), p.bytes, until, p.path)?;
+            outln!("{:<6} {:>14}  {:<25}  {}", strata_client::pin_tier_name(p.tier), p.bytes, until, p.path)?;
         }
     }
     Ok(())

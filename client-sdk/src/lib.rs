@@ -199,6 +199,23 @@ fn token_from_env() -> Option<Token> {
     strata_security::token::client_token_from_env().ok().flatten().map(Token)
 }
 
+/// The name of a pin's tier (`PinInfo::tier`) as the front ends show it.
+pub fn pin_tier_name(tier: i32) -> &'static str {
+    match PinTier::try_from(tier) {
+        Ok(PinTier::Memory) => "memory",
+        _ => "nvme",
+    }
+}
+
+/// The tier a user names for a pin: `memory` (or `dram`) or `nvme`.
+pub fn parse_pin_tier(name: &str) -> std::result::Result<PinTier, String> {
+    match name {
+        "memory" | "dram" => Ok(PinTier::Memory),
+        "nvme" => Ok(PinTier::Nvme),
+        other => Err(format!("tier {other:?}: expected memory or nvme")),
+    }
+}
+
 /// What `stat` and `list` return.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileInfo {
@@ -985,8 +1002,7 @@ impl Client {
             if ring.is_empty() {
                 return Err(ClientError::unavailable("no live workers in the cluster"));
             }
-            let owners =
-                self.in_asking_order(ring.owners(hash, ring.members().len()).into_iter().cloned().collect());
+            let owners = self.in_asking_order(ring.owners(hash, ring.members().len()));
             match self.read_from_owners(&owners, &req, &mut sink).await {
                 Asked::Served { bytes, by } => {
                     if by > 0 || round > 0 {
@@ -1004,10 +1020,10 @@ impl Client {
 
     /// A block's owners in the order they are asked: those neither the master nor this client
     /// suspects first, each group in ring order (so placement, and with it the cache, holds).
-    fn in_asking_order(&self, owners: Vec<Member>) -> Vec<Member> {
+    fn in_asking_order<'r>(&self, owners: Vec<&'r Member>) -> Vec<&'r Member> {
         let now = tokio::time::Instant::now();
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
-        let (trusted, suspect): (Vec<Member>, Vec<Member>) = owners.into_iter().partition(|m| {
+        let (trusted, suspect): (Vec<&Member>, Vec<&Member>) = owners.into_iter().partition(|m| {
             !view.suspects.contains(&m.id) && !self.inner.health.is_suspect(&m.data_addr, now)
         });
         trusted.into_iter().chain(suspect).collect()
@@ -1021,7 +1037,7 @@ impl Client {
     /// copied there, which costs a copy only when the first did not serve.
     async fn read_from_owners(
         &self,
-        owners: &[Member],
+        owners: &[&Member],
         req: &ReadBlockRequest,
         sink: &mut Sink<'_>,
     ) -> Asked {
@@ -1062,7 +1078,7 @@ impl Client {
                 }
                 Some((i, answer)) = others.next(), if !others.is_empty() => {
                     let at = asked[i].take().expect("asked");
-                    match judge(health, &owners[i], req, at, answer, &mut last_err) {
+                    match judge(health, owners[i], req, at, answer, &mut last_err) {
                         Judged::Won(bytes) => break Some((i, Some(bytes))),
                         Judged::Next => {}
                         Judged::Refused(e) => return Asked::Refused(e),
@@ -1070,7 +1086,7 @@ impl Client {
                 }
                 () = tokio::time::sleep_until(hedge_at), if can_ask_more && hedge => {
                     let i = asked.len();
-                    let owner = &owners[i];
+                    let owner = owners[i];
                     let racing = asked.iter().any(Option::is_some);
                     if racing && !health.take_hedge() {
                         // Out of hedges: wait for the reads in flight (their request timeout

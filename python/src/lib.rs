@@ -139,11 +139,7 @@ fn info_dict<'py>(py: Python<'py>, f: &FileInfo) -> PyResult<Bound<'py, PyDict>>
 fn pin_dict<'py>(py: Python<'py>, p: &strata_client::PinInfo) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("path", &p.path)?;
-    let tier = match strata_client::PinTier::try_from(p.tier) {
-        Ok(strata_client::PinTier::Memory) => "memory",
-        _ => "nvme",
-    };
-    d.set_item("tier", tier)?;
+    d.set_item("tier", strata_client::pin_tier_name(p.tier))?;
     d.set_item("bytes", p.bytes)?;
     d.set_item("created", p.created_unix_ms as f64 / 1000.0)?;
     d.set_item("expires", (p.expires_unix_ms != 0).then(|| p.expires_unix_ms as f64 / 1000.0))?;
@@ -542,15 +538,7 @@ impl Client {
         tier: &str,
         ttl_secs: f64,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let tier = match tier {
-            "memory" | "dram" => strata_client::PinTier::Memory,
-            "nvme" => strata_client::PinTier::Nvme,
-            other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "tier {other:?}: expected \"memory\" or \"nvme\""
-                )));
-            }
-        };
+        let tier = strata_client::parse_pin_tier(tier).map_err(pyo3::exceptions::PyValueError::new_err)?;
         if !ttl_secs.is_finite() || ttl_secs < 0.0 {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "ttl {ttl_secs}: expected seconds >= 0"
