@@ -147,9 +147,15 @@ impl PeerUpstream {
         if mine && now.saturating_duration_since(rings.changed_at) >= PEER_WINDOW {
             return Vec::new();
         }
+        // A peer the master reports silent, or that just timed out here, would only hold the
+        // miss for the peer timeout: it is skipped.
+        let suspects = self.client.inner.view.read().unwrap_or_else(|p| p.into_inner()).suspects.clone();
+        let health = &self.client.inner.health;
+        let t = tokio::time::Instant::now();
         let mut out: Vec<strata_common::Member> = Vec::new();
         let mut push = |m: &strata_common::Member| {
-            if m.id != self.me && !out.iter().any(|o| o.id == m.id) && out.len() < PEERS_ASKED {
+            let trusted = !suspects.contains(&m.id) && !health.is_suspect(&m.data_addr, t);
+            if trusted && m.id != self.me && !out.iter().any(|o| o.id == m.id) && out.len() < PEERS_ASKED {
                 out.push(m.clone());
             }
         };
@@ -198,7 +204,13 @@ impl Upstream for PeerUpstream {
             match answer {
                 Ok(bytes) if bytes.len() as u64 == read.len => return Ok(bytes),
                 Ok(bytes) => why.push(format!("{}: {} bytes for {}", peer.id, bytes.len(), read.len)),
-                Err(e) => why.push(format!("{}: {e}", peer.id)),
+                Err(e) => {
+                    if !matches!(e, crate::TransportError::Remote { .. }) {
+                        // Down or frozen: not asked again for a while.
+                        self.client.inner.health.failed(&peer.data_addr, tokio::time::Instant::now());
+                    }
+                    why.push(format!("{}: {e}", peer.id))
+                }
             }
         }
         Err(UpstreamError(if why.is_empty() { "no peer to ask".into() } else { why.join("; ") }))
