@@ -58,24 +58,31 @@ impl EtcdCluster {
         assert!(Command::new("kill").args([&format!("-{sig}"), &pid]).status().unwrap().success());
     }
 
+    /// Starts `n` members on ports picked now. A port picked by `free_port` can be taken by
+    /// another test before etcd binds it; a member that exits before it is healthy is then
+    /// retried, with every member on fresh ports (they name each other's peer ports).
     fn start(dir: &Path, n: usize) -> Self {
-        let members: Vec<EtcdMember> = (0..n)
-            .map(|i| EtcdMember {
-                name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
-                dir: dir.join(format!("m{i}")),
-                proc: None,
-            })
-            .collect();
-        let mut cluster = Self { members };
-        for i in 0..n {
-            cluster.start_member(i);
+        for attempt in 0.. {
+            let members: Vec<EtcdMember> = (0..n)
+                .map(|i| EtcdMember {
+                    name: format!("m{i}"),
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    dir: dir.join(format!("a{attempt}-m{i}")),
+                    proc: None,
+                })
+                .collect();
+            let mut cluster = Self { members };
+            for i in 0..n {
+                cluster.start_member(i);
+            }
+            match (0..n).try_for_each(|i| cluster.wait_healthy_or_exit(i)) {
+                Ok(()) => return cluster,
+                Err(why) if attempt < 2 => eprintln!("etcd attempt {attempt}: {why}; again on fresh ports"),
+                Err(why) => panic!("etcd did not start: {why}"),
+            }
         }
-        for i in 0..n {
-            cluster.wait_healthy(i);
-        }
-        cluster
+        unreachable!()
     }
 
     fn initial_cluster(&self) -> String {
@@ -91,6 +98,9 @@ impl EtcdCluster {
         let m = &mut self.members[i];
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        std::fs::create_dir_all(m.dir.parent().expect("a member's directory has a parent")).unwrap();
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(m.dir.with_extension("log")).unwrap();
         let child = Command::new(etcd_binary())
             .args(["--name", &m.name, "--data-dir"])
             .arg(&m.dir)
@@ -100,17 +110,36 @@ impl EtcdCluster {
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
             .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start etcd");
         m.proc = Some(Proc(child));
     }
 
-    fn wait_healthy(&self, i: usize) {
-        let port = self.members[i].client_port;
-        wait_for("etcd to be healthy", Duration::from_secs(30), || {
-            http_get(port, "/health").filter(|body| body.contains("\"health\":\"true\"")).map(|_| ())
-        });
+    fn wait_healthy(&mut self, i: usize) {
+        if let Err(why) = self.wait_healthy_or_exit(i) {
+            panic!("{why}");
+        }
+    }
+
+    /// Waits until member `i` says it is healthy; an error (with its log) if it exits first.
+    fn wait_healthy_or_exit(&mut self, i: usize) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let m = &mut self.members[i];
+        loop {
+            if http_get(m.client_port, "/health").is_some_and(|body| body.contains("\"health\":\"true\"")) {
+                return Ok(());
+            }
+            if let Some(status) = m.proc.as_mut().and_then(|p| p.0.try_wait().ok().flatten()) {
+                let log = std::fs::read_to_string(m.dir.with_extension("log")).unwrap_or_default();
+                let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+                return Err(format!("etcd {} exited ({status}) before it was healthy: {tail}", m.name));
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("etcd {} not healthy after 30 s", m.name));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn kill9(&mut self, i: usize) {

@@ -149,6 +149,11 @@ impl Cluster {
         let options: HashMap<String, String> =
             cluster.ufs.mount_options().into_iter().chain(opts.mount_options).collect();
         client.add_mount("/data", &cluster.ufs_uri(), options).await.expect("mount /data");
+        // Every worker knows the mount before a test begins: a test that stops the master
+        // right away must not find a worker that has not yet heard of /data from a heartbeat.
+        for w in cluster.workers.iter().flatten() {
+            w.blocks.mounts().resolve("/data").await.expect("every worker knows /data");
+        }
         cluster
     }
 
