@@ -19,6 +19,10 @@ pub struct TierUsage {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub blocks: u64,
+    /// The limit a full disk holds the tier at, below its capacity.
+    pub full_limit: Option<u64>,
+    /// Block writes refused by the tier's disk: ENOSPC, EDQUOT, other I/O errors.
+    pub write_errors: [u64; 3],
 }
 
 /// A worker's cumulative counters, as of its last heartbeat.

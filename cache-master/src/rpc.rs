@@ -766,6 +766,8 @@ fn tier_usage(u: &pb::TierUsage) -> TierUsage {
         capacity_bytes: u.capacity_bytes,
         used_bytes: u.used_bytes,
         blocks: u.blocks,
+        full_limit: u.disk_full.then_some(u.full_limit_bytes),
+        write_errors: [u.write_errors_no_space, u.write_errors_quota, u.write_errors_io],
     }
 }
 
@@ -775,6 +777,11 @@ fn proto_tier_usage(u: &TierUsage) -> pb::TierUsage {
         capacity_bytes: u.capacity_bytes,
         used_bytes: u.used_bytes,
         blocks: u.blocks,
+        disk_full: u.full_limit.is_some(),
+        full_limit_bytes: u.full_limit.unwrap_or(0),
+        write_errors_no_space: u.write_errors[0],
+        write_errors_quota: u.write_errors[1],
+        write_errors_io: u.write_errors[2],
     }
 }
 

@@ -27,6 +27,7 @@ use crate::metrics_defs as m;
 use crate::mounts::{Mounts, Resolved};
 use crate::qos::Qos;
 use crate::stats::{CounterSnapshot, Counters};
+use crate::tier::TierError;
 
 /// A read of one block range, as the storage layer takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,10 +285,14 @@ impl BlockService {
                 at.path
             )));
         }
+        let on_nvme =
+            |e: TierError| ServeError::DiskFull { block: at.key.to_string(), reason: e.to_string() };
         if self.cache.contains(&at.key) {
+            self.cache.settle_on_nvme(&at.key, None).await.map_err(on_nvme)?;
             return Ok(LoadOutcome { already_cached: true, bytes: at.block_len });
         }
-        let (_, source) = self.fetcher.block(&at, Durability::WriteThrough).await?;
+        let (bytes, source) = self.fetcher.block(&at, Durability::WriteThrough).await?;
+        self.cache.settle_on_nvme(&at.key, Some(bytes)).await.map_err(on_nvme)?;
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: at.block_len })
     }
 

@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 use crate::metrics_defs as m;
 use crate::qos::Qos;
 use crate::stats::Counters;
-use crate::tier::{Tier, TierKind, TierUsage};
+use crate::tier::{Tier, TierError, TierKind, TierUsage};
 
 /// Default of `WorkerConfig::nvme_writeback_idle_ms`.
 pub const DEFAULT_WRITEBACK_IDLE: Duration = Duration::from_millis(1000);
@@ -320,6 +320,27 @@ impl BlockCache {
             }
             drop(permit);
         }))
+    }
+
+    /// Makes sure a block is on NVMe when this worker has an NVMe tier, writing it from `bytes`
+    /// (or from DRAM) and waiting for the write, so a warmup load is reported done only once
+    /// its block is in the capacity tier. A write already in flight for it is waited for, and a
+    /// full disk is evicted from and retried once by the tier itself.
+    pub async fn settle_on_nvme(&self, key: &BlockKey, bytes: Option<Bytes>) -> Result<(), TierError> {
+        if self.nvme.usage().capacity_bytes == 0 || self.nvme.contains(key) {
+            return Ok(());
+        }
+        match bytes.or_else(|| self.memory.peek(key)) {
+            Some(bytes) => self.nvme.put(key, bytes).await,
+            // Neither tier has it any more (evicted from DRAM meanwhile): the tier's put of it
+            // may still be settling, so ask once more before saying it is not there.
+            None => match self.nvme.get(key).await? {
+                Some(_) => Ok(()),
+                None => {
+                    Err(TierError::Io(std::io::Error::other("the block left DRAM before it reached NVMe")))
+                }
+            },
+        }
     }
 
     /// Writes every dirty DRAM block to NVMe and waits until every queued NVMe write has

@@ -18,6 +18,9 @@ pub enum ServeError {
     UfsTimeout(String),
     #[error("{0} is on a read-only mount (mount it with -o mode=write-through to write through Strata)")]
     ReadOnly(String),
+    /// The NVMe tier's disk is full: the block was served, but not kept where it was asked for.
+    #[error("block {block} is not on this worker's NVMe tier: {reason}")]
+    DiskFull { block: String, reason: String },
 }
 
 impl ServeError {
@@ -28,6 +31,7 @@ impl ServeError {
             ServeError::Ufs(e) => e.kind(),
             ServeError::UfsTimeout(_) => ErrorKind::Ufs,
             ServeError::ReadOnly(_) => ErrorKind::PermissionDenied,
+            ServeError::DiskFull { .. } => ErrorKind::ResourceExhausted,
         }
     }
 }

@@ -179,7 +179,9 @@ async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: Loa
         Err(e) => {
             metrics::counter!(m::LOAD_BLOCKS, "result" => "failed").increment(1);
             debug!(path = %task.path, index = task.index, err = %e, "load task failed");
-            result.temporary = e.kind().is_temporary();
+            // A full disk is retried: the tier evicts down to what the disk takes meanwhile.
+            result.temporary =
+                e.kind().is_temporary() || matches!(e, crate::error::ServeError::DiskFull { .. });
             result.error = e.to_string();
         }
     }

@@ -210,12 +210,18 @@ fn proto_tier(kind: TierKind) -> ProtoTier {
 
 fn usage(tier: &dyn Tier) -> TierUsage {
     let u = tier.usage();
+    let disk = tier.disk_health();
     metrics::gauge!(m::TIER_USED_BYTES, "tier" => tier.kind().label()).set(u.used_bytes as f64);
     TierUsage {
         tier: proto_tier(tier.kind()) as i32,
         capacity_bytes: u.capacity_bytes,
         used_bytes: u.used_bytes,
         blocks: u.blocks,
+        disk_full: disk.limit_bytes.is_some(),
+        full_limit_bytes: disk.limit_bytes.unwrap_or(0),
+        write_errors_no_space: disk.no_space_errors,
+        write_errors_quota: disk.quota_errors,
+        write_errors_io: disk.io_errors,
     }
 }
 

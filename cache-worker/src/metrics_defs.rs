@@ -14,6 +14,9 @@ pub const UFS_ERRORS: &str = "strata_worker_ufs_errors_total";
 pub const BYTES_SERVED: &str = "strata_worker_bytes_served_total";
 /// Counter, label `tier`: blocks that failed validation (checksum, header) and were dropped.
 pub const CORRUPT_BLOCKS: &str = "strata_worker_corrupt_blocks_total";
+/// Counter, label `reason` (`no_space`: ENOSPC, `quota`: EDQUOT, `io`: any other failure):
+/// NVMe block writes that failed. A full disk also lowers the tier's limit (see `strata status`).
+pub const NVME_WRITE_ERRORS: &str = "strata_worker_nvme_write_errors_total";
 /// Counter, label `kind`: requests answered with an error frame.
 pub const REQUEST_ERRORS: &str = "strata_worker_request_errors_total";
 /// Counter, label `kind` (`unauthenticated`, `permission_denied`, `unavailable`: tokens not

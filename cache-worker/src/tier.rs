@@ -32,6 +32,10 @@ pub enum TierError {
     Io(#[from] std::io::Error),
     #[error("block of {size} bytes does not fit a tier of {capacity} bytes")]
     TooLarge { size: u64, capacity: u64 },
+    /// The disk under the tier is full (ENOSPC, or EDQUOT when `quota`), even after evicting to
+    /// make room: the tier holds at most `held` bytes for now.
+    #[error("the disk under the tier is full ({}): no room for a block of {size} bytes beside the {held} bytes it holds", if *quota { "EDQUOT, a quota" } else { "ENOSPC" })]
+    DiskFull { size: u64, held: u64, quota: bool },
     /// Only pinned blocks could make room: nothing was evicted.
     #[error("no room for a block of {size} bytes: {pinned} of the tier's {capacity} bytes are pinned")]
     Pinned { size: u64, pinned: u64, capacity: u64 },
@@ -59,6 +63,19 @@ pub struct TierUsage {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub blocks: u64,
+}
+
+/// What a tier's disk did to its writes: failures by reason, and the lower limit a full disk
+/// set (`None`: the configured capacity holds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskHealth {
+    pub limit_bytes: Option<u64>,
+    /// Writes refused with ENOSPC.
+    pub no_space_errors: u64,
+    /// Writes refused with EDQUOT.
+    pub quota_errors: u64,
+    /// Writes that failed otherwise (EIO, a read-only remount...).
+    pub io_errors: u64,
 }
 
 /// A change of a tier's contents, for the master's block map.
@@ -125,5 +142,10 @@ pub trait Tier: Send + Sync + 'static {
     /// Corrupt blocks detected (and dropped) since start.
     fn corrupt_blocks(&self) -> u64 {
         0
+    }
+    /// Write failures since start and whether a full disk lowered the limit; a tier without a
+    /// disk has none.
+    fn disk_health(&self) -> DiskHealth {
+        DiskHealth::default()
     }
 }

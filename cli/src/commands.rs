@@ -633,7 +633,9 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
                 let tiers: Vec<_> = w
                     .tiers
                     .iter()
-                    .map(|t| json!({"tier": tier_name(t.tier), "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "blocks": t.blocks}))
+                    .map(|t| json!({"tier": tier_name(t.tier), "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "blocks": t.blocks,
+                        "disk_full": t.disk_full, "full_limit_bytes": t.full_limit_bytes,
+                        "write_errors": {"no_space": t.write_errors_no_space, "quota": t.write_errors_quota, "io": t.write_errors_io}}))
                     .collect();
                 let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "live": w.live, "suspect": w.suspect,
                     "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers});
@@ -682,8 +684,22 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
             c.ufs_bytes_read
         )?;
         for t in &w.tiers {
+            let errors = t.write_errors_no_space + t.write_errors_quota + t.write_errors_io;
+            let full = if t.disk_full {
+                format!("  DISK FULL: holds at most {} bytes for now", t.full_limit_bytes)
+            } else {
+                String::new()
+            };
+            let failed = if errors > 0 {
+                format!(
+                    "  write errors: {} no space, {} quota, {} i/o",
+                    t.write_errors_no_space, t.write_errors_quota, t.write_errors_io
+                )
+            } else {
+                String::new()
+            };
             outln!(
-                "    {:<7} {} / {} bytes, {} blocks",
+                "    {:<7} {} / {} bytes, {} blocks{full}{failed}",
                 tier_name(t.tier),
                 t.used_bytes,
                 t.capacity_bytes,

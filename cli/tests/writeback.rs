@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use strata_testkit::{TestUfs, pattern};
+use strata_testkit::{TestUfs, Tmpfs, pattern};
 
 mod common;
 use common::{Proc, master_args, spawn_until, wait_for, worker_token_file};
@@ -339,33 +339,11 @@ fn bad_writes_are_clear_errors_and_leave_nothing() {
     assert!(c.objects().is_empty(), "nothing reached the bucket");
 }
 
-/// A small tmpfs (root only: this machine and CI run tests as root), unmounted on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn new(dir: PathBuf, size: &str) -> Self {
-        std::fs::create_dir_all(&dir).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mount -t tmpfs needs root (the disk-full test fills a small tmpfs)");
-        Tmpfs(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_full_journal_disk_refuses_or_writes_through_as_the_mount_says() {
     let disks = tempfile::tempdir().unwrap();
     let tmpfs: Vec<Tmpfs> = (0..3).map(|i| Tmpfs::new(disks.path().join(format!("j{i}")), "4m")).collect();
-    let c = Cluster::start(tmpfs.iter().map(|t| Some(t.0.clone())).collect());
+    let c = Cluster::start(tmpfs.iter().map(|t| Some(t.path().to_path_buf())).collect());
     c.mount("/full", "full", &["mode=write-back", "write_replicas=2"]);
     c.mount("/through", "through", &["mode=write-back", "write_replicas=2", "on_full=write-through"]);
     let big = pattern(12 << 20, 4);

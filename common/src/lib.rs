@@ -15,6 +15,8 @@ pub mod frame;
 pub mod mount_options;
 pub mod path;
 pub mod ring;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod units;
 pub mod upstream;
 

@@ -21,6 +21,7 @@ mod ufs;
 
 pub use range_reads::RangeReads;
 pub use strata_client;
+pub use strata_common::testing::Tmpfs;
 pub use strata_ufs;
 pub use ufs::TestUfs;
 
@@ -40,6 +41,10 @@ pub struct ClusterOptions {
     /// TLS on both planes with these test certificates (`None`, the default: plain TCP);
     /// `client_auth` makes the master and workers require client certificates (mTLS).
     pub tls: Option<ClusterTls>,
+    /// Each worker's NVMe tier on a tmpfs of this size (`mount -o size=`: "3m"), so a test
+    /// can fill its disk; `None` (the default): a directory of the test's temporary directory.
+    /// Needs root.
+    pub nvme_disk: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +71,7 @@ impl Default for ClusterOptions {
             mount_options: vec![("block_size".into(), "1MiB".into()), ("metadata_ttl".into(), "60s".into())],
             auth: true,
             tls: None,
+            nvme_disk: None,
         }
     }
 }
@@ -81,6 +87,8 @@ pub struct Cluster {
     workers: Vec<Option<WorkerHandle>>,
     worker_configs: Vec<WorkerConfig>,
     tls: Option<ClusterTls>,
+    /// The workers' NVMe disks when `nvme_disk` asked for them; unmounted after the workers stop.
+    nvme_disks: Vec<Tmpfs>,
 }
 
 impl Cluster {
@@ -116,8 +124,19 @@ impl Cluster {
         let master = Master::start(master_config.clone(), factory.clone()).await.expect("master starts");
         // Restarts come back on the same port, as a real master would.
         master_config.rpc_addr = master.rpc_addr;
+        let nvme_disks: Vec<Tmpfs> = opts
+            .nvme_disk
+            .map(|size| {
+                (0..opts.workers)
+                    .map(|i| Tmpfs::new(state_dir.path().join(format!("nvme-{i}")), size))
+                    .collect()
+            })
+            .unwrap_or_default();
         let worker_configs = (0..opts.workers)
             .map(|i| WorkerConfig {
+                nvme_dir: nvme_disks.get(i).map(|d| d.path().to_path_buf()),
+                // The journals stay off a disk a test fills.
+                journal_dir: nvme_disks.get(i).map(|_| state_dir.path().join(format!("journal-{i}"))),
                 master_addr: master.rpc_addr.to_string(),
                 data_addr: "127.0.0.1:0".parse().expect("addr"),
                 http_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -139,6 +158,7 @@ impl Cluster {
             workers: Vec::new(),
             worker_configs,
             tls: opts.tls,
+            nvme_disks,
         };
         for i in 0..opts.workers {
             let w = cluster.spawn_worker(i).await;
@@ -298,6 +318,11 @@ impl Cluster {
     /// every part that opens its UFS through [`Cluster::factory`] (master, workers, sidecars).
     pub fn range_reads(&self) -> &RangeReads {
         &self.range_reads
+    }
+
+    /// Worker `i`'s NVMe disk, when the cluster was started with `nvme_disk`.
+    pub fn nvme_disk(&self, i: usize) -> &Path {
+        self.nvme_disks[i].path()
     }
 
     pub fn worker(&self, i: usize) -> &WorkerHandle {

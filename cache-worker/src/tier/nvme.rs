@@ -34,6 +34,12 @@
 //! - Replaying the events yields the ready key set: `Added` when a block becomes ready (including
 //!   blocks found by `open`), `Removed` when a ready block is evicted, removed, dropped as corrupt
 //!   or found missing.
+//! - A full disk (ENOSPC, or EDQUOT on a quota) lowers the tier's limit to what it holds when
+//!   the write fails, so eviction makes room below what the disk really takes; the put is
+//!   retried once after that eviction. The limit goes back to the configured capacity
+//!   [`FULL_RETRY`] after the last such failure (another tenant may have freed space), and one
+//!   failed write then finds out whether it is still full. Every failed write is counted by
+//!   reason ([`DiskHealth`]).
 //! - The index mutex is never held across an `.await` or file I/O. Bookkeeping that must follow
 //!   file I/O of a put or delete lives in drop guards moved into the blocking task, so a cancelled
 //!   caller cannot leave a key busy or space reserved forever.
@@ -46,14 +52,15 @@ use std::path::{Path, PathBuf};
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::BlockKey;
 use tokio::sync::Notify;
 
-use super::{PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{DiskHealth, PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage};
+use crate::metrics_defs as m;
 
 const MAGIC: &[u8; 8] = b"STRATABK";
 const FORMAT_VERSION: u32 = 1;
@@ -67,6 +74,8 @@ const MAX_HEADER_LEN: usize = 1 << 20;
 const BLOCKS_DIR: &str = "blocks";
 const BLOCK_EXT: &str = "blk";
 const TMP_SUFFIX: &str = ".tmp";
+/// How long a limit lowered by a full disk holds before the configured capacity is tried again.
+pub const FULL_RETRY: Duration = Duration::from_secs(60);
 
 /// The NVMe tier. See the module docs for the file format and invariants.
 pub struct NvmeTier {
@@ -82,6 +91,45 @@ struct Shared {
     /// Woken whenever a busy slot settles or reserved space is released.
     settled: Notify,
     pin_filter: OnceLock<PinFilter>,
+    write_errors: WriteErrorCounts,
+}
+
+#[derive(Default)]
+struct WriteErrorCounts {
+    no_space: AtomicU64,
+    quota: AtomicU64,
+    io: AtomicU64,
+}
+
+/// Why a block file could not be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteFailure {
+    NoSpace,
+    Quota,
+    Io,
+}
+
+impl WriteFailure {
+    fn of(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::StorageFull => WriteFailure::NoSpace,
+            io::ErrorKind::QuotaExceeded => WriteFailure::Quota,
+            _ => WriteFailure::Io,
+        }
+    }
+
+    /// The `reason` label of `strata_worker_nvme_write_errors_total`.
+    fn label(self) -> &'static str {
+        match self {
+            WriteFailure::NoSpace => "no_space",
+            WriteFailure::Quota => "quota",
+            WriteFailure::Io => "io",
+        }
+    }
+
+    fn disk_full(self) -> bool {
+        self != WriteFailure::Io
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -108,6 +156,8 @@ struct Index {
     next_generation: u64,
     reserved: u64,
     events: Vec<TierEvent>,
+    /// The limit a full disk set (below the capacity), and when the disk was last found full.
+    full: Option<(u64, Instant)>,
 }
 
 impl Index {
@@ -118,6 +168,19 @@ impl Index {
             next_generation: 0,
             reserved: 0,
             events: Vec::new(),
+            full: None,
+        }
+    }
+
+    /// The most bytes the tier may hold now: the capacity, or less while the disk is full.
+    fn limit(&mut self, capacity: u64, now: Instant) -> u64 {
+        match self.full {
+            Some((limit, at)) if now.duration_since(at) < FULL_RETRY => limit.min(capacity),
+            Some(_) => {
+                self.full = None;
+                capacity
+            }
+            None => capacity,
         }
     }
 
@@ -442,7 +505,16 @@ impl PutJob {
             }
             Err(e) => {
                 remove_quietly(&tmp, "temporary block file");
-                tracing::warn!(block = %pending.key, tier = "nvme", error = %e, "block write failed");
+                let failure = WriteFailure::of(&e);
+                pending.shared.count_write_error(failure);
+                tracing::warn!(block = %pending.key, tier = "nvme", error = %e, reason = failure.label(), "block write failed");
+                if failure.disk_full() {
+                    return Err(TierError::DiskFull {
+                        size: pending.size,
+                        held: 0,
+                        quota: failure == WriteFailure::Quota,
+                    });
+                }
                 Err(e.into())
             }
         }
@@ -457,6 +529,8 @@ enum BeginPut {
     Write(PutJob),
     /// Only pinned blocks (of these many bytes) could make room.
     Pinned(u64),
+    /// The disk is full: the tier holds at most these many bytes for now, less than the block.
+    NoRoom(u64),
 }
 
 enum BeginRemove {
@@ -476,6 +550,26 @@ impl Shared {
         block_path_in(&self.blocks_dir, key)
     }
 
+    fn count_write_error(&self, failure: WriteFailure) {
+        let counter = match failure {
+            WriteFailure::NoSpace => &self.write_errors.no_space,
+            WriteFailure::Quota => &self.write_errors.quota,
+            WriteFailure::Io => &self.write_errors.io,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(m::NVME_WRITE_ERRORS, "reason" => failure.label()).increment(1);
+    }
+
+    /// The disk refused a write for want of space: from now on (for [`FULL_RETRY`]) the tier
+    /// holds no more than it does now, so the next put evicts to make room. Returns that limit.
+    fn disk_was_full(&self) -> u64 {
+        let mut index = self.lock();
+        let held = index.policy.used() + index.reserved;
+        let limit = index.full.map_or(held, |(limit, _)| limit.min(held));
+        index.full = Some((limit, Instant::now()));
+        limit
+    }
+
     fn begin_put(self: &Arc<Self>, key: &BlockKey, size: u64) -> BeginPut {
         let mut index = self.lock();
         match index.slots.get(key) {
@@ -486,13 +580,18 @@ impl Shared {
             Some(Slot::Busy) => return BeginPut::Wait,
             None => {}
         }
+        let limit = index.limit(self.capacity, Instant::now());
         // Space held by other puts in flight cannot be evicted; wait for them rather than
-        // overshoot the capacity. They always finish, so this cannot wait forever.
-        if index.reserved + size > self.capacity {
+        // overshoot the limit. They always finish, so this cannot wait forever.
+        if index.reserved + size > limit {
+            if index.reserved == 0 {
+                return BeginPut::NoRoom(limit);
+            }
             return BeginPut::Wait;
         }
         let pinned = self.pin_filter.get();
-        let need = index.reserved + size;
+        // Room below the limit: the policy evicts down to its capacity, so ask it for the gap too.
+        let need = index.reserved + size + (self.capacity - limit);
         let victims = match index.policy.victims(need, |k| pinned.is_some_and(|is_pinned| is_pinned(k))) {
             Ok(victims) => victims,
             Err(pinned_bytes) => return BeginPut::Pinned(pinned_bytes),
@@ -668,6 +767,7 @@ impl NvmeTier {
                 corrupt: AtomicU64::new(corrupt),
                 settled: Notify::new(),
                 pin_filter: OnceLock::new(),
+                write_errors: WriteErrorCounts::default(),
             }),
         })
     }
@@ -752,19 +852,35 @@ impl Tier for NvmeTier {
                 "block key too long for the block header",
             )));
         }
-        let job = loop {
-            // Registered before looking at the index, so a settle between the look and the
-            // await still wakes us.
-            let mut settled = pin!(self.shared.settled.notified());
-            settled.as_mut().enable();
-            match self.shared.begin_put(key, size) {
-                BeginPut::Present => return Ok(()),
-                BeginPut::Write(job) => break job,
-                BeginPut::Wait => settled.await,
-                BeginPut::Pinned(pinned) => return Err(TierError::Pinned { size, pinned, capacity }),
+        // A full disk: evict down to what it holds and try once more (see the module docs).
+        for attempt in 0..2 {
+            let job = loop {
+                // Registered before looking at the index, so a settle between the look and the
+                // await still wakes us.
+                let mut settled = pin!(self.shared.settled.notified());
+                settled.as_mut().enable();
+                match self.shared.begin_put(key, size) {
+                    BeginPut::Present => return Ok(()),
+                    BeginPut::Write(job) => break job,
+                    BeginPut::Wait => settled.await,
+                    BeginPut::Pinned(pinned) => return Err(TierError::Pinned { size, pinned, capacity }),
+                    BeginPut::NoRoom(held) => return Err(TierError::DiskFull { size, held, quota: false }),
+                }
+            };
+            let data = data.clone();
+            match tokio::task::spawn_blocking(move || job.run(data)).await.map_err(join_error)? {
+                Err(TierError::DiskFull { quota, .. }) => {
+                    let held = self.shared.disk_was_full();
+                    tracing::warn!(block = %key, tier = "nvme", held_bytes = held, capacity_bytes = capacity, attempt,
+                        "disk full: the tier now holds at most what it held");
+                    if attempt == 1 {
+                        return Err(TierError::DiskFull { size, held, quota });
+                    }
+                }
+                done => return done,
             }
-        };
-        tokio::task::spawn_blocking(move || job.run(data)).await.map_err(join_error)?
+        }
+        unreachable!("the second attempt returns")
     }
 
     async fn remove(&self, key: &BlockKey) -> Result<()> {
@@ -820,6 +936,17 @@ impl Tier for NvmeTier {
 
     fn corrupt_blocks(&self) -> u64 {
         self.shared.corrupt.load(Ordering::Relaxed)
+    }
+
+    fn disk_health(&self) -> DiskHealth {
+        let limit = self.shared.lock().limit(self.shared.capacity, Instant::now());
+        let errors = &self.shared.write_errors;
+        DiskHealth {
+            limit_bytes: (limit < self.shared.capacity).then_some(limit),
+            no_space_errors: errors.no_space.load(Ordering::Relaxed),
+            quota_errors: errors.quota.load(Ordering::Relaxed),
+            io_errors: errors.io.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -1553,5 +1680,68 @@ mod tests {
                 check_state(&tier, dir.path(), &model, &mut replayed)?;
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_lowers_the_limit_evicts_and_retries_once() {
+        let root = tempfile::tempdir().unwrap();
+        let disk = strata_common::testing::Tmpfs::new(root.path().join("disk"), "4m");
+        // The tier is told it has 64 MiB; the disk under it takes 4.
+        let tier = NvmeTier::open(disk.path(), 64 << 20).unwrap();
+        let block = 1 << 20;
+        for i in 0..12 {
+            tier.put(&key(i), data_for(i, block)).await.unwrap_or_else(|e| panic!("put {i}: {e}"));
+        }
+        let health = tier.disk_health();
+        assert_eq!(
+            health.no_space_errors, 1,
+            "one failed write, then eviction stays below the disk: {health:?}"
+        );
+        assert_eq!((health.quota_errors, health.io_errors), (0, 0));
+        let limit = health.limit_bytes.expect("a full disk lowers the limit");
+        assert!((block as u64..4 << 20).contains(&limit), "limit {limit}");
+        let usage = tier.usage();
+        assert!(usage.used_bytes <= limit && usage.capacity_bytes == 64 << 20, "{usage:?}");
+        // The newest blocks are there and intact; the oldest made room.
+        assert_eq!(tier.get(&key(11)).await.unwrap(), Some(data_for(11, block)));
+        assert_eq!(tier.get(&key(0)).await.unwrap(), None);
+        for (k, size) in tier.keys() {
+            let i = k.index;
+            assert_eq!(tier.get(&k).await.unwrap(), Some(data_for(i, size as usize)), "block {i}");
+        }
+        assert!(files_with_suffix(disk.path(), TMP_SUFFIX).is_empty(), "no half-written file is left");
+    }
+
+    #[tokio::test]
+    async fn a_disk_another_tenant_filled_refuses_the_block_and_leaves_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let disk = strata_common::testing::Tmpfs::new(root.path().join("disk"), "2m");
+        let tier = NvmeTier::open(disk.path(), 64 << 20).unwrap();
+        // Fill the disk with someone else's file, to the last byte it takes.
+        let mut ballast = File::create(disk.path().join("ballast")).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        while ballast.write_all(&chunk).is_ok() {}
+        drop(ballast);
+        let err = tier.put(&key(1), data_for(1, 256 << 10)).await.unwrap_err();
+        assert!(matches!(err, TierError::DiskFull { held: 0, quota: false, .. }), "{err:?}");
+        assert!(err.to_string().contains("ENOSPC"), "{err}");
+        assert_eq!(tier.disk_health().limit_bytes, Some(0));
+        assert_eq!(tier.disk_health().no_space_errors, 1, "the retry saw the limit and did not write");
+        assert_eq!(tier.get(&key(1)).await.unwrap(), None);
+        assert_eq!(tier.usage().used_bytes, 0);
+        assert!(files_with_suffix(disk.path(), TMP_SUFFIX).is_empty());
+        let events = tier.drain_events();
+        assert!(events.is_empty(), "nothing was added: {events:?}");
+    }
+
+    #[test]
+    fn a_limit_set_by_a_full_disk_lapses_after_the_retry_period() {
+        let t0 = Instant::now();
+        let mut index = Index::new(100);
+        assert_eq!(index.limit(100, t0), 100);
+        index.full = Some((40, t0));
+        assert_eq!(index.limit(100, t0 + FULL_RETRY / 2), 40);
+        assert_eq!(index.limit(100, t0 + FULL_RETRY), 100, "the capacity is tried again");
+        assert!(index.full.is_none());
     }
 }
