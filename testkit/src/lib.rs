@@ -40,6 +40,9 @@ pub struct ClusterOptions {
     /// TLS on both planes with these test certificates (`None`, the default: plain TCP);
     /// `client_auth` makes the master and workers require client certificates (mTLS).
     pub tls: Option<ClusterTls>,
+    /// The node each worker reports (worker `i` gets `nodes[i]`; none past the end), as
+    /// `STRATA_NODE` would set it on a real host.
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +69,7 @@ impl Default for ClusterOptions {
             mount_options: vec![("block_size".into(), "1MiB".into()), ("metadata_ttl".into(), "60s".into())],
             auth: true,
             tls: None,
+            nodes: Vec::new(),
         }
     }
 }
@@ -126,6 +130,7 @@ impl Cluster {
                 nvme_capacity: opts.nvme_capacity,
                 token_file: Some(token_files.worker_file.clone()).filter(|_| opts.auth),
                 tls: server_tls.clone(),
+                node: opts.nodes.get(i).cloned(),
                 ..WorkerConfig::default()
             })
             .collect();
@@ -203,6 +208,7 @@ impl Cluster {
         let i = self.worker_configs.len();
         let mut config = self.worker_configs[0].clone();
         config.data_dir = self.state_dir.path().join(format!("worker-{i}"));
+        config.node = None;
         self.worker_configs.push(config);
         let w = self.spawn_worker(i).await;
         self.workers.push(Some(w));
