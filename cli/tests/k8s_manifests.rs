@@ -148,10 +148,10 @@ fn node_env(text: &str) -> Vec<Option<String>> {
 /// land next to a worker that serves it (docs/CACHE_CONTROL.md, "Read replicas and locality").
 #[test]
 fn workers_and_example_readers_know_their_node_and_readers_ask_for_cache_nodes() {
-    let from_node = Some("spec.nodeName".to_string());
+    let from_node = || Some("spec.nodeName".to_string());
     let base = objects(&k8s("base/strata.yaml"));
     let (_, workers) = base.iter().find(|(k, _)| k == "DaemonSet").expect("the worker DaemonSet");
-    assert_eq!(node_env(workers), [from_node.clone()], "the worker container sets STRATA_NODE");
+    assert_eq!(node_env(workers), [from_node()], "the worker container sets STRATA_NODE");
     let selector: Vec<&str> = workers
         .lines()
         .skip_while(|l| l.trim() != "nodeSelector:")
@@ -167,12 +167,12 @@ fn workers_and_example_readers_know_their_node_and_readers_ask_for_cache_nodes()
     }
 
     let job = k8s("examples/sidecar-job.yaml");
-    assert_eq!(node_env(&job), [from_node.clone(), from_node.clone()], "the sidecar and the trainer");
+    assert_eq!(node_env(&job), [from_node(), from_node()], "the sidecar and the trainer");
     let affinity: Vec<&str> =
         job.lines().map(str::trim).skip_while(|l| *l != "nodeAffinity:").take(8).collect();
     assert!(affinity.contains(&"preferredDuringSchedulingIgnoredDuringExecution:"), "{affinity:?}");
     assert!(affinity.contains(&format!("- key: {label}").as_str()), "the workers' label: {affinity:?}");
     assert!(affinity.contains(&format!("values: [\"{value}\"]").as_str()), "{affinity:?}");
 
-    assert_eq!(node_env(&k8s("examples/standalone.yaml")), [from_node]);
+    assert_eq!(node_env(&k8s("examples/standalone.yaml")), [from_node()]);
 }
