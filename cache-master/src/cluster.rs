@@ -58,6 +58,39 @@ pub struct ClusterStatus {
 /// A block's holders: (worker id, its data address, tier).
 pub type Holders = Vec<(String, String, Tier)>;
 
+/// One version of a file, as its blocks are keyed.
+#[derive(Debug, Clone)]
+pub struct FileBlocks {
+    pub file_id: String,
+    pub version: String,
+    pub size: u64,
+    pub block_size: u64,
+}
+
+/// Where the cached blocks of some files are (`strata locate`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Locality {
+    pub files: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+    /// Blocks (and their bytes) held by at least one worker.
+    pub cached_blocks: u64,
+    pub cached_bytes: u64,
+    /// Each worker holding any of them, most bytes first, then by id.
+    pub workers: Vec<WorkerShare>,
+}
+
+/// One worker's share of a [`Locality`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerShare {
+    pub id: String,
+    pub data_addr: String,
+    pub node: String,
+    pub live: bool,
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
 pub struct Cluster {
     membership: Mutex<Membership>,
     blocks: Mutex<BlockMap>,
@@ -96,7 +129,7 @@ impl Cluster {
         let mut unreported = lock(&self.unreported);
         for w in workers {
             if !w.id.is_empty() && w.data_addr.parse::<SocketAddr>().is_ok() {
-                mem.register(&w.id, &w.data_addr, &w.http_addr, now);
+                mem.register(&w, now);
                 unreported.insert(w.id);
             }
         }
@@ -105,23 +138,19 @@ impl Cluster {
         }
     }
 
-    pub fn register(&self, id: &str, data_addr: &str, http_addr: &str) -> Result<u64, OpError> {
-        if id.is_empty() || data_addr.parse::<SocketAddr>().is_err() {
+    pub fn register(&self, entry: WorkerEntry) -> Result<u64, OpError> {
+        let id = entry.id.as_str();
+        if id.is_empty() || entry.data_addr.parse::<SocketAddr>().is_err() {
             return Err(OpError::BadWorker);
         }
-        let epoch = lock(&self.membership).register(id, data_addr, http_addr, self.clock.now());
+        let epoch = lock(&self.membership).register(&entry, self.clock.now());
         lock(&self.unreported).remove(id);
         // It will send a full report next: forget what it held before.
         lock(&self.blocks).drop_worker(id);
-        let entry = WorkerEntry {
-            id: id.to_string(),
-            data_addr: data_addr.to_string(),
-            http_addr: http_addr.to_string(),
-        };
         if let Err(e) = self.store.put_worker(&entry) {
             warn!(worker = %id, err = %e, "cannot store the worker's registration");
         }
-        info!(worker = %id, data_addr = %data_addr, epoch, "worker registered");
+        info!(worker = %id, data_addr = %entry.data_addr, node = %entry.node, epoch, "worker registered");
         Ok(epoch)
     }
 
@@ -222,6 +251,54 @@ impl Cluster {
             .collect()
     }
 
+    /// Which workers hold how much of `files`, from the block map.
+    pub fn locate(&self, files: &[FileBlocks]) -> Locality {
+        let mut out = Locality { files: files.len() as u64, ..Locality::default() };
+        let mut shares: HashMap<String, WorkerShare> = HashMap::new();
+        {
+            let blocks = lock(&self.blocks);
+            for f in files {
+                out.blocks += strata_common::block::block_count(f.size, f.block_size);
+                out.bytes += f.size;
+                for (index, holders) in blocks.locations(&f.file_id, &f.version) {
+                    let len = strata_common::block::block_len(f.size, f.block_size, index);
+                    if len == 0 || holders.is_empty() {
+                        // A report of a block past the end (a stale size): not part of the file.
+                        continue;
+                    }
+                    out.cached_blocks += 1;
+                    out.cached_bytes += len;
+                    // A worker holding the block in DRAM and on NVMe is listed once per tier.
+                    let mut workers: Vec<String> = holders.into_iter().map(|(w, _)| w).collect();
+                    workers.sort_unstable();
+                    workers.dedup();
+                    for worker in workers {
+                        let share = shares.entry(worker).or_default();
+                        share.blocks += 1;
+                        share.bytes += len;
+                    }
+                }
+            }
+        }
+        let mem = lock(&self.membership);
+        let records: HashMap<&str, &WorkerRecord> = mem.workers().map(|w| (w.id.as_str(), w)).collect();
+        out.workers = shares
+            .into_iter()
+            .map(|(id, share)| {
+                let record = records.get(id.as_str());
+                WorkerShare {
+                    data_addr: record.map(|w| w.data_addr.clone()).unwrap_or_default(),
+                    node: record.map(|w| w.node.clone()).unwrap_or_default(),
+                    live: record.is_some_and(|w| w.live),
+                    id,
+                    ..share
+                }
+            })
+            .collect();
+        out.workers.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.id.cmp(&b.id)));
+        out
+    }
+
     /// The workers holding each cached block of one version of a file, by block index.
     pub fn holders(&self, file_id: &str, version: &str) -> BTreeMap<u64, Vec<(String, Tier)>> {
         lock(&self.blocks).locations(file_id, version)
@@ -272,8 +349,8 @@ mod tests {
         let store = Arc::new(MemStore::default());
         let clock = ManualClock::new();
         let old = Cluster::new(Duration::from_secs(10), 1, clock.clone(), store.clone());
-        old.register("w1", "127.0.0.1:1", "127.0.0.1:2").unwrap();
-        old.register("w2", "127.0.0.1:3", "127.0.0.1:4").unwrap();
+        old.register(WorkerEntry::new("w1", "127.0.0.1:1", "127.0.0.1:2")).unwrap();
+        old.register(WorkerEntry::new("w2", "127.0.0.1:3", "127.0.0.1:4")).unwrap();
         assert_eq!(store.load_workers().unwrap().len(), 2);
 
         let new = Cluster::new(Duration::from_secs(10), 100, clock.clone(), store.clone());
@@ -281,7 +358,7 @@ mod tests {
         // On the ring at once, before any of them spoke to the new leader.
         assert_eq!(new.live_count(), 2);
         assert!(new.heartbeat(beat("w1")).reregister, "a full report is asked for");
-        new.register("w1", "127.0.0.1:1", "127.0.0.1:2").unwrap();
+        new.register(WorkerEntry::new("w1", "127.0.0.1:1", "127.0.0.1:2")).unwrap();
         assert!(!new.heartbeat(beat("w1")).reregister);
         assert!(new.heartbeat(beat("w2")).reregister);
 
@@ -295,16 +372,54 @@ mod tests {
 
         // A deposed leader's store refuses the write; the registration still answers.
         store.deposed.store(true, Ordering::SeqCst);
-        assert!(new.register("w3", "127.0.0.1:5", "127.0.0.1:6").is_ok());
+        assert!(new.register(WorkerEntry::new("w3", "127.0.0.1:5", "127.0.0.1:6")).is_ok());
         assert_eq!(store.load_workers().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn locate_sums_each_workers_blocks_and_bytes_most_first() {
+        let clock = ManualClock::new();
+        let cluster = Cluster::new(Duration::from_secs(10), 1, clock, Arc::new(MemStore::default()));
+        let on = |id: &str, port: u16, node: &str| WorkerEntry {
+            node: node.into(),
+            ..WorkerEntry::new(id, &format!("127.0.0.1:{port}"), "127.0.0.1:9")
+        };
+        cluster.register(on("w1", 1, "n1")).unwrap();
+        cluster.register(on("w2", 2, "n2")).unwrap();
+        let block = |file: &str, index| BlockReport {
+            file_id: file.into(),
+            version: "v1".into(),
+            index,
+            tier: Tier::Memory,
+        };
+        // f: 2.5 blocks of 100 bytes; w1 holds blocks 0 and 2 (100 + 50), w2 blocks 0 and 1.
+        // g: one block of 10 bytes on w2; its v0 on w1 is not the version asked.
+        let mut hb = beat("w1");
+        hb.added = vec![block("f", 0), block("f", 2), BlockReport { version: "v0".into(), ..block("g", 0) }];
+        cluster.heartbeat(hb);
+        let mut hb = beat("w2");
+        // Block 0 of f on both of w2's tiers counts once.
+        let on_nvme = BlockReport { tier: Tier::Nvme, ..block("f", 0) };
+        hb.added = vec![block("f", 0), on_nvme, block("f", 1), block("g", 0)];
+        cluster.heartbeat(hb);
+        let file =
+            |id: &str, size| FileBlocks { file_id: id.into(), version: "v1".into(), size, block_size: 100 };
+        let got = cluster.locate(&[file("f", 250), file("g", 10), file("h", 0)]);
+        assert_eq!((got.files, got.blocks, got.bytes), (3, 4, 260));
+        assert_eq!((got.cached_blocks, got.cached_bytes), (4, 260));
+        let rows: Vec<(&str, &str, u64, u64, bool)> =
+            got.workers.iter().map(|w| (w.id.as_str(), w.node.as_str(), w.blocks, w.bytes, w.live)).collect();
+        assert_eq!(rows, [("w2", "n2", 3, 210, true), ("w1", "n1", 2, 150, true)]);
+        assert_eq!(got.workers[0].data_addr, "127.0.0.1:2");
+        assert_eq!(cluster.locate(&[file("nothing", 0)]).workers, []);
     }
 
     #[test]
     fn a_silent_worker_is_suspect_before_it_is_lost_and_not_after_it_beats_again() {
         let clock = ManualClock::new();
         let cluster = Cluster::new(Duration::from_secs(10), 1, clock.clone(), Arc::new(MemStore::default()));
-        cluster.register("w1", "127.0.0.1:1", "127.0.0.1:2").unwrap();
-        cluster.register("w2", "127.0.0.1:3", "127.0.0.1:4").unwrap();
+        cluster.register(WorkerEntry::new("w1", "127.0.0.1:1", "127.0.0.1:2")).unwrap();
+        cluster.register(WorkerEntry::new("w2", "127.0.0.1:3", "127.0.0.1:4")).unwrap();
         let epoch = cluster.live().0;
         clock.advance(Duration::from_secs(4));
         cluster.heartbeat(beat("w1"));

@@ -743,8 +743,7 @@ mod tests {
     use super::*;
 
     fn ring(ids: &[&str]) -> Ring {
-        let members =
-            ids.iter().map(|id| Member { id: id.to_string(), data_addr: "127.0.0.1:1".into() }).collect();
+        let members = ids.iter().map(|id| Member::new(*id, "127.0.0.1:1")).collect();
         Ring::new(1, members, DEFAULT_VNODES)
     }
 

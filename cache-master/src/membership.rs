@@ -17,19 +17,31 @@ pub struct WorkerRecord {
     pub id: String,
     pub data_addr: String,
     pub http_addr: String,
+    /// The node it runs on, as it reported (empty when not configured).
+    pub node: String,
     pub last_heartbeat: Instant,
     pub live: bool,
     pub tiers: Vec<TierUsage>,
     pub counters: WorkerCounters,
 }
 
-/// A registered worker as the store keeps it (with etcd), so a new leader knows the workers
-/// before they register with it: who it is and where it is reached.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// A registration: who a worker is, where it is reached and on which node it runs. The store
+/// keeps it (with etcd), so a new leader knows the workers before they register with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerEntry {
     pub id: String,
     pub data_addr: String,
     pub http_addr: String,
+    /// Empty when the worker reported none, or was stored by a master that predates nodes.
+    #[serde(default)]
+    pub node: String,
+}
+
+impl WorkerEntry {
+    /// A worker on no particular node.
+    pub fn new(id: &str, data_addr: &str, http_addr: &str) -> Self {
+        Self { id: id.into(), data_addr: data_addr.into(), http_addr: http_addr.into(), node: String::new() }
+    }
 }
 
 #[derive(Debug)]
@@ -50,16 +62,19 @@ impl Membership {
         self.epoch
     }
 
-    /// Adds or refreshes a worker. The epoch moves when the live set or an address changes.
-    pub fn register(&mut self, id: &str, data_addr: &str, http_addr: &str, now: Instant) -> u64 {
+    /// Adds or refreshes a worker. The epoch moves when the live set, an address or a node
+    /// changes (clients read the node from the membership to choose local replicas).
+    pub fn register(&mut self, entry: &WorkerEntry, now: Instant) -> u64 {
+        let WorkerEntry { id, data_addr, http_addr, node } = entry;
         let changed = match self.workers.get(id) {
-            Some(w) => !w.live || w.data_addr != data_addr,
+            Some(w) => !w.live || w.data_addr != *data_addr || w.node != *node,
             None => true,
         };
         let record = self.workers.entry(id.to_string()).or_insert_with(|| WorkerRecord {
             id: id.to_string(),
             data_addr: String::new(),
             http_addr: String::new(),
+            node: String::new(),
             last_heartbeat: now,
             live: true,
             tiers: Vec::new(),
@@ -67,6 +82,7 @@ impl Membership {
         });
         record.data_addr = data_addr.to_string();
         record.http_addr = http_addr.to_string();
+        record.node = node.to_string();
         record.last_heartbeat = now;
         record.live = true;
         if changed {
@@ -113,7 +129,7 @@ impl Membership {
         self.workers
             .values()
             .filter(|w| w.live)
-            .map(|w| Member { id: w.id.clone(), data_addr: w.data_addr.clone() })
+            .map(|w| Member { id: w.id.clone(), data_addr: w.data_addr.clone(), node: w.node.clone() })
             .collect()
     }
 
@@ -130,10 +146,10 @@ mod tests {
     fn lost_workers_leave_the_live_set_and_bump_the_epoch() {
         let t0 = Instant::now();
         let mut m = Membership::new(Duration::from_secs(3), 100);
-        assert_eq!(m.register("a", "h:1", "h:2", t0), 101);
-        assert_eq!(m.register("b", "h:3", "h:4", t0), 102);
+        assert_eq!(m.register(&WorkerEntry::new("a", "h:1", "h:2"), t0), 101);
+        assert_eq!(m.register(&WorkerEntry::new("b", "h:3", "h:4"), t0), 102);
         // Re-registering unchanged does not move the epoch.
-        assert_eq!(m.register("a", "h:1", "h:2", t0), 102);
+        assert_eq!(m.register(&WorkerEntry::new("a", "h:1", "h:2"), t0), 102);
         assert!(m.heartbeat("a", t0 + Duration::from_secs(2)));
         assert!(m.tick(t0 + Duration::from_secs(3)).is_empty());
         assert_eq!(m.tick(t0 + Duration::from_secs(4)), vec!["b".to_string()]);
@@ -143,7 +159,20 @@ mod tests {
         assert!(!m.heartbeat("b", t0 + Duration::from_secs(5)));
         assert!(!m.heartbeat("zzz", t0));
         // Coming back on a new port moves the epoch.
-        assert_eq!(m.register("b", "h:9", "h:4", t0 + Duration::from_secs(5)), 104);
+        assert_eq!(m.register(&WorkerEntry::new("b", "h:9", "h:4"), t0 + Duration::from_secs(5)), 104);
         assert_eq!(m.live_members().len(), 2);
+    }
+
+    #[test]
+    fn a_workers_node_is_in_the_membership_and_a_new_node_moves_the_epoch() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(Duration::from_secs(3), 100);
+        let on_n1 = WorkerEntry { node: "n1".into(), ..WorkerEntry::new("a", "h:1", "h:2") };
+        assert_eq!(m.register(&on_n1, t0), 101);
+        assert_eq!(m.live_members()[0].node, "n1");
+        assert_eq!(m.register(&on_n1, t0), 101);
+        let on_n2 = WorkerEntry { node: "n2".into(), ..on_n1 };
+        assert_eq!(m.register(&on_n2, t0), 102, "clients must learn the new node");
+        assert_eq!(m.live_members()[0].node, "n2");
     }
 }

@@ -62,6 +62,8 @@ pub struct Mount {
     pub read_only: bool,
     /// `mode=write-back`: files are committed by workers and uploaded after.
     pub write_back: bool,
+    /// `read_replicas`: how many of a block's first ring owners clients spread reads over.
+    pub read_replicas: u32,
     pub ufs: Arc<dyn Ufs>,
 }
 
@@ -86,6 +88,7 @@ impl Mount {
             metadata_ttl: options.metadata_ttl,
             read_only: !options.mode.is_writable(),
             write_back: options.mode == strata_common::MountMode::WriteBack,
+            read_replicas: options.read_replicas,
             ufs,
         })
     }

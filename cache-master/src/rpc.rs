@@ -13,7 +13,7 @@ use strata_ufs::{ObjectMeta, redact_options};
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Tokens, check_path};
-use crate::cluster::{Cluster, Heartbeat};
+use crate::cluster::{Cluster, FileBlocks, Heartbeat};
 use crate::error::OpError;
 use crate::jobs::{JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
 use crate::metadata::Metadata;
@@ -72,7 +72,12 @@ impl MasterRpc for Rpc {
         let suspects = self.cluster.suspects(self.suspect_after());
         let workers = members
             .into_iter()
-            .map(|w| pb::Member { suspect: suspects.contains(&w.id), id: w.id, data_addr: w.data_addr })
+            .map(|w| pb::Member {
+                suspect: suspects.contains(&w.id),
+                id: w.id,
+                data_addr: w.data_addr,
+                node: w.node,
+            })
             .collect();
         Ok(Response::new(pb::Membership { epoch, workers }))
     }
@@ -204,6 +209,35 @@ impl MasterRpc for Rpc {
         Ok(Response::new(pb::BlockLocations { path: r.path, version: meta.version, blocks, next_index }))
     }
 
+    async fn locate(&self, req: Request<pb::LocateRequest>) -> RpcResult<pb::LocateResponse> {
+        const RPC: &str = "locate";
+        count(RPC);
+        check_path(&req, Access::Read, &req.get_ref().path)?;
+        let r = self.metadata.resolve(&req.into_inner().path).map_err(status(RPC))?;
+        let located = self.cluster.locate(&self.files_under(&r.path).await.map_err(status(RPC))?);
+        let workers = located
+            .workers
+            .into_iter()
+            .map(|w| pb::WorkerLocality {
+                worker_id: w.id,
+                data_addr: w.data_addr,
+                node: w.node,
+                blocks: w.blocks,
+                bytes: w.bytes,
+                live: w.live,
+            })
+            .collect();
+        Ok(Response::new(pb::LocateResponse {
+            path: r.path,
+            files: located.files,
+            blocks: located.blocks,
+            bytes: located.bytes,
+            cached_blocks: located.cached_blocks,
+            cached_bytes: located.cached_bytes,
+            workers,
+        }))
+    }
+
     async fn status(&self, _: Request<pb::Empty>) -> RpcResult<pb::ClusterStatus> {
         count("status");
         let status = self.cluster.status();
@@ -220,6 +254,7 @@ impl MasterRpc for Rpc {
                 id: w.record.id,
                 data_addr: w.record.data_addr,
                 http_addr: w.record.http_addr,
+                node: w.record.node,
                 live: w.record.live,
             })
             .collect();
@@ -240,8 +275,13 @@ impl MasterRpc for Rpc {
         const RPC: &str = "register_worker";
         count(RPC);
         let req = req.into_inner();
-        let epoch =
-            self.cluster.register(&req.worker_id, &req.data_addr, &req.http_addr).map_err(status(RPC))?;
+        let entry = crate::membership::WorkerEntry {
+            id: req.worker_id,
+            data_addr: req.data_addr,
+            http_addr: req.http_addr,
+            node: req.node,
+        };
+        let epoch = self.cluster.register(entry).map_err(status(RPC))?;
         Ok(Response::new(pb::RegisterWorkerResponse {
             membership_epoch: epoch,
             heartbeat_interval_ms: self.heartbeat_interval_ms,
@@ -609,14 +649,6 @@ fn token_info(r: &TokenRecord) -> pb::TokenInfo {
 /// The least time without a heartbeat that makes a live worker suspect.
 const SUSPECT_FLOOR_MS: u64 = 2_000;
 
-/// A file under a pinned or freed path, as its blocks are keyed.
-struct FileBlocks {
-    file_id: String,
-    version: String,
-    size: u64,
-    block_size: u64,
-}
-
 /// Most files a pin or a free walks (its size, its blocks): a larger tree is refused rather
 /// than walked for minutes inside one call.
 const MAX_FILES_WALKED: usize = 1_000_000;
@@ -670,7 +702,12 @@ impl Rpc {
             .holders
             .iter()
             .filter_map(|h| live.iter().find(|m| &m.id == h))
-            .map(|m| pb::Member { id: m.id.clone(), data_addr: m.data_addr.clone(), suspect: false })
+            .map(|m| pb::Member {
+                id: m.id.clone(),
+                data_addr: m.data_addr.clone(),
+                suspect: false,
+                node: m.node.clone(),
+            })
             .collect();
         status.persist = persist_state(view.state) as i32;
         status
@@ -741,6 +778,7 @@ fn mount_info(mount: &Mount, with_secrets: bool) -> pb::MountInfo {
         options: options.into_iter().collect(),
         block_size: mount.block_size,
         metadata_ttl_ms: mount.metadata_ttl.as_millis() as u64,
+        read_replicas: mount.read_replicas,
     }
 }
 

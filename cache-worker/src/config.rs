@@ -19,6 +19,11 @@ pub struct WorkerConfig {
     /// Host name or IP clients use to reach the data plane. Default: the data address's IP
     /// (`127.0.0.1` when it listens on all addresses).
     pub advertise_host: Option<String>,
+    /// The node (host, Kubernetes node name) this worker runs on, reported to the master so
+    /// clients on the same node prefer it among a block's read replicas (`--node`). Default:
+    /// `STRATA_NODE` when the CLI starts the worker (in Kubernetes, from `spec.nodeName`),
+    /// else none.
+    pub node: Option<String>,
     /// Stable worker id. Default: generated once and kept in `<data_dir>/worker-id`, so a
     /// restarted worker keeps its place on the ring and its NVMe blocks.
     pub worker_id: Option<String>,
@@ -155,6 +160,7 @@ impl Default for WorkerConfig {
             data_addr: ([127, 0, 0, 1], 29998).into(),
             http_addr: ([127, 0, 0, 1], 29999).into(),
             advertise_host: None,
+            node: None,
             worker_id: None,
             data_dir: PathBuf::from(".strata/worker"),
             memory_capacity: 512 << 20,

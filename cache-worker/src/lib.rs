@@ -268,6 +268,7 @@ impl Worker {
             worker_id: worker_id.clone(),
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
+            node: config.node.clone().unwrap_or_default(),
         };
         let pins = pins::PinSet::new();
         let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
@@ -277,7 +278,7 @@ impl Worker {
         let link = tokio::spawn(master_link::run(master.clone(), identity, linked, clock, cancel.clone()));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
-        info!(worker = %worker_id, %data_addr, %http_addr, nvme_dir = %config.nvme_dir().display(), "worker started");
+        info!(worker = %worker_id, %data_addr, %http_addr, node = config.node.as_deref().unwrap_or(""), nvme_dir = %config.nvme_dir().display(), "worker started");
         Ok(WorkerHandle {
             worker_id,
             data_addr,

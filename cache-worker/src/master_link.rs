@@ -40,6 +40,8 @@ pub struct Identity {
     pub worker_id: String,
     pub data_addr: String,
     pub http_addr: String,
+    /// Empty when not configured.
+    pub node: String,
 }
 
 /// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
@@ -293,6 +295,7 @@ pub async fn run(
                 data_addr: id.data_addr.clone(),
                 http_addr: id.http_addr.clone(),
                 tiers: tiers.iter().map(|t| usage(t.as_ref())).collect(),
+                node: id.node.clone(),
             };
             match client.register_worker(req).await {
                 Ok(resp) => {

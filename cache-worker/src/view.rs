@@ -60,7 +60,12 @@ mod tests {
         assert_eq!(view.encoded(), None, "nothing before the master was heard");
         let membership = Membership {
             epoch: 7,
-            workers: vec![Member { id: "w1".into(), data_addr: "h:1".into(), suspect: false }],
+            workers: vec![Member {
+                id: "w1".into(),
+                data_addr: "h:1".into(),
+                suspect: false,
+                node: "n1".into(),
+            }],
         };
         let mount = MountInfo {
             path: "/data".into(),
@@ -68,6 +73,7 @@ mod tests {
             options: [("secret_access_key".to_string(), "***".to_string())].into(),
             block_size: 4,
             metadata_ttl_ms: 10,
+            read_replicas: 2,
         };
         view.set(membership.clone(), MountList { epoch: 3, mounts: vec![mount] }, 1_000);
         view.touch(900);

@@ -47,6 +47,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             sync(&t, &path, wait.then_some(timeout.as_str()), json).await
         }
         Command::Status { json } => status(&t, json).await,
+        Command::Locate { path, json } => locate(&t, &path, json).await,
         Command::Pin { path, tier, ttl } => pin(&t, &path, &tier, ttl.as_deref()).await,
         Command::Unpin { path } => {
             let p = connect(&t).await?.unpin(&path).await?;
@@ -143,6 +144,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
         nvme_capacity: size("nvme", &args.nvme)?,
         token_file: Some(worker_token_file).filter(|_| !args.no_auth),
         tls: tls.apply(Default::default()),
+        node: strata_common::node_from_env(),
         ..WorkerConfig::default()
     };
     let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
@@ -268,6 +270,9 @@ async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> 
     if let Some(h) = args.advertise_host {
         cfg.advertise_host = Some(h);
     }
+    // The flag, else the config file, else the environment (the downward API in Kubernetes).
+    cfg.node =
+        args.node.or(cfg.node.take()).or_else(strata_common::node_from_env).filter(|n| !n.trim().is_empty());
     if let Some(d) = args.data_dir {
         cfg.data_dir = d;
     }
@@ -615,6 +620,53 @@ async fn sync(target: &Target, path: &str, wait: Option<&str>, as_json: bool) ->
     Ok(())
 }
 
+async fn locate(target: &Target, path: &str, as_json: bool) -> Result<()> {
+    let r = connect(target).await?.locate(path).await?;
+    if as_json {
+        let workers: Vec<_> = r
+            .workers
+            .iter()
+            .map(|w| {
+                json!({"worker_id": w.worker_id, "node": w.node, "data_addr": w.data_addr, "live": w.live,
+                       "blocks": w.blocks, "bytes": w.bytes})
+            })
+            .collect();
+        let out = json!({"path": r.path, "files": r.files, "blocks": r.blocks, "bytes": r.bytes,
+                         "cached_blocks": r.cached_blocks, "cached_bytes": r.cached_bytes, "workers": workers});
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
+        return Ok(());
+    }
+    let share = |part: u64, whole: u64| if whole == 0 { 0.0 } else { 100.0 * part as f64 / whole as f64 };
+    outln!(
+        "{}: {} files, {} blocks, {} bytes; cached {} blocks, {} bytes ({:.1}%)",
+        r.path,
+        r.files,
+        r.blocks,
+        r.bytes,
+        r.cached_blocks,
+        r.cached_bytes,
+        share(r.cached_bytes, r.bytes)
+    )?;
+    if r.workers.is_empty() {
+        eprintln!("no worker holds a block of {}", r.path);
+        return Ok(());
+    }
+    outln!("{:<24} {:<20} {:>8} {:>16} {:>7}", "WORKER", "NODE", "BLOCKS", "BYTES", "OF PATH")?;
+    for w in &r.workers {
+        let node = if w.node.is_empty() { "-" } else { w.node.as_str() };
+        let lost = if w.live { "" } else { "  (lost)" };
+        outln!(
+            "{:<24} {:<20} {:>8} {:>16} {:>6.1}%{lost}",
+            w.worker_id,
+            node,
+            w.blocks,
+            w.bytes,
+            share(w.bytes, r.bytes)
+        )?;
+    }
+    Ok(())
+}
+
 async fn status(target: &Target, as_json: bool) -> Result<()> {
     let client = connect(target).await?;
     let s = client.status().await?;
@@ -637,7 +689,7 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
                         "disk_full": t.disk_full, "full_limit_bytes": t.full_limit_bytes,
                         "write_errors": {"no_space": t.write_errors_no_space, "quota": t.write_errors_quota, "io": t.write_errors_io}}))
                     .collect();
-                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "live": w.live, "suspect": w.suspect,
+                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "node": w.node, "live": w.live, "suspect": w.suspect,
                     "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers});
                 v.as_object_mut().expect("object").extend(
                     counters(&w.counters.unwrap_or_default()).as_object().expect("object").clone(),

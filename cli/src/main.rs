@@ -181,6 +181,20 @@ enum Command {
         #[arg(long, default_value = "10s")]
         wait: String,
     },
+    /// Show which workers (and the nodes they run on) hold the cached blocks of the files
+    /// under PATH — a file, or a directory and everything below it — from the master's block
+    /// map: blocks and bytes per worker, most first, and how much of PATH is cached at all.
+    /// Use it to check that a warmup landed where a job will read, or that reads of a
+    /// read_replicas mount are spread (see docs/CACHE_CONTROL.md).
+    #[command(
+        after_help = "Examples:\n  strata locate /datasets/imagenet/train\n  strata locate /models/llama/model.safetensors --json"
+    )]
+    Locate {
+        path: String,
+        /// Print JSON: {path, files, blocks, bytes, cached_blocks, cached_bytes, workers: [...]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show workers, tiers, blocks and cache hit/miss counters.
     Status {
         #[arg(long)]
@@ -300,6 +314,11 @@ struct WorkerArgs {
     /// Host clients use to reach this worker.
     #[arg(long, env = "STRATA_WORKER_ADVERTISE_HOST")]
     advertise_host: Option<String>,
+    /// The node (host, Kubernetes node name) this worker runs on, reported to the master:
+    /// clients with the same STRATA_NODE prefer this worker among a block's read replicas.
+    /// Default: the config file's `node`, else STRATA_NODE.
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
     /// Directory for the worker id and (by default) the NVMe tier.
     #[arg(long, env = "STRATA_WORKER_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -337,6 +356,7 @@ enum MountCommand {
         /// UFS URI, e.g. file:///mnt/datasets or s3://bucket/prefix.
         uri: String,
         /// Mount option KEY=VALUE (repeatable): block_size=4MiB, metadata_ttl=10s,
+        /// read_replicas=1 (owners a block's reads spread over),
         /// mode=read-only|write-through|write-back, and for write-back write_replicas=2,
         /// upload_parallelism=4, upload_bandwidth=200MiB, on_full=refuse|write-through (see
         /// docs/CONFIGURATION.md); and the UFS's own options (endpoint, region, access_key_id, ...).

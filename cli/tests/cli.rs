@@ -165,6 +165,56 @@ fn standalone_serves_the_cli_and_reports_clear_errors() {
     assert!(cat.status.success() && cat.stdout == data);
 }
 
+/// `strata locate` names the worker holding a path's blocks and the node it reported
+/// (`STRATA_NODE`), as a table and as JSON; a path under no mount fails clearly.
+#[test]
+fn locate_reports_the_worker_and_node_holding_a_path() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ufs.path().join("sub")).unwrap();
+    std::fs::write(ufs.path().join("sub/a.bin"), vec![7u8; 5_000_000]).unwrap();
+    std::fs::write(ufs.path().join("sub/b.bin"), vec![8u8; 1_000]).unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let mount = format!("/d=file://{}", ufs.path().display());
+    let mut cmd = strata();
+    cmd.stderr(Stdio::null()).env("STRATA_NODE", "rack1-node7");
+    let _node = start_standalone_with(cmd, state.path(), &master, &mount);
+
+    let help = run(&master, &["locate", "--help"]);
+    assert!(String::from_utf8_lossy(&help.stdout).contains("block map"), "{}", stderr(&help));
+    let cat = run(&master, &["cat", "/d/sub/a.bin"]);
+    assert!(cat.status.success(), "{}", stderr(&cat));
+
+    // Blocks reach the block map with the next heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let o = run(&master, &["locate", "--json", "/d/sub"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if v["cached_blocks"] == 2 || Instant::now() > deadline {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!((v["files"].as_u64(), v["blocks"].as_u64()), (Some(2), Some(3)), "{v}");
+    assert_eq!((v["cached_blocks"].as_u64(), v["cached_bytes"].as_u64()), (Some(2), Some(5_000_000)), "{v}");
+    assert_eq!(v["workers"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["workers"][0]["node"], "rack1-node7", "{v}");
+    assert_eq!(
+        (v["workers"][0]["blocks"].as_u64(), v["workers"][0]["bytes"].as_u64()),
+        (Some(2), Some(5_000_000))
+    );
+
+    let table = run(&master, &["locate", "/d/sub"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("WORKER") && text.contains("NODE"), "{text}");
+    assert!(text.lines().any(|l| l.contains("rack1-node7") && l.contains("5000000")), "{text}");
+
+    let o = run(&master, &["locate", "/nowhere/x"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not under any mount"), "{}", stderr(&o));
+}
+
 /// A log written to a file (`2> strata.log`, a service manager's capture) is plain text: colour
 /// codes are for a terminal only.
 #[test]

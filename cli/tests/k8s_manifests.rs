@@ -117,3 +117,62 @@ fn rendered_tokens_come_from_secrets_never_from_configmaps_or_args() {
         assert!(yaml.contains("secretName: strata-tokens"), "{rel} mounts the tokens Secret");
     }
 }
+
+/// The objects of a rendered file, each as (kind, text).
+fn objects(yaml: &str) -> Vec<(String, String)> {
+    yaml.split("\n---")
+        .filter_map(|doc| {
+            let kind = doc.lines().find_map(|l| l.strip_prefix("kind: "))?;
+            Some((kind.trim().to_string(), doc.to_string()))
+        })
+        .collect()
+}
+
+/// The fieldPath of each `STRATA_NODE` variable in `text`, in order (`None` for one that is
+/// not set from the downward API).
+fn node_env(text: &str) -> Vec<Option<String>> {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l == "- name: STRATA_NODE")
+        .map(|(i, _)| match lines.get(i + 1..i + 4) {
+            Some(["valueFrom:", "fieldRef:", path]) => path.strip_prefix("fieldPath: ").map(String::from),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Workers report the node they run on and example readers know theirs (the downward API's
+/// `spec.nodeName`), and the workers' node label is what training pods ask for, so a reader can
+/// land next to a worker that serves it (docs/CACHE_CONTROL.md, "Read replicas and locality").
+#[test]
+fn workers_and_example_readers_know_their_node_and_readers_ask_for_cache_nodes() {
+    let from_node = || Some("spec.nodeName".to_string());
+    let base = objects(&k8s("base/strata.yaml"));
+    let (_, workers) = base.iter().find(|(k, _)| k == "DaemonSet").expect("the worker DaemonSet");
+    assert_eq!(node_env(workers), [from_node()], "the worker container sets STRATA_NODE");
+    let selector: Vec<&str> = workers
+        .lines()
+        .skip_while(|l| l.trim() != "nodeSelector:")
+        .nth(1)
+        .map(|l| l.trim().split(": ").collect())
+        .expect("the workers have a nodeSelector");
+    let (label, value) = (selector[0], selector[1].trim_matches('"'));
+    assert_eq!((label, value), ("strata.io/cache-worker", "true"));
+    for (kind, text) in &base {
+        if kind != "DaemonSet" {
+            assert!(node_env(text).is_empty(), "only workers report a node in the base ({kind})");
+        }
+    }
+
+    let job = k8s("examples/sidecar-job.yaml");
+    assert_eq!(node_env(&job), [from_node(), from_node()], "the sidecar and the trainer");
+    let affinity: Vec<&str> =
+        job.lines().map(str::trim).skip_while(|l| *l != "nodeAffinity:").take(8).collect();
+    assert!(affinity.contains(&"preferredDuringSchedulingIgnoredDuringExecution:"), "{affinity:?}");
+    assert!(affinity.contains(&format!("- key: {label}").as_str()), "the workers' label: {affinity:?}");
+    assert!(affinity.contains(&format!("values: [\"{value}\"]").as_str()), "{affinity:?}");
+
+    assert_eq!(node_env(&k8s("examples/standalone.yaml")), [from_node()]);
+}

@@ -29,6 +29,7 @@ pub mod outage;
 mod rdma;
 mod reader;
 pub mod shortcircuit;
+mod spread;
 mod tokens;
 pub mod transport;
 mod upstream;
@@ -61,7 +62,7 @@ pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
-pub use strata_proto::{FreeResponse, PinInfo, PinTier};
+pub use strata_proto::{FreeResponse, LocateResponse, PinInfo, PinTier, WorkerLocality};
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
 pub use strata_proto::{PendingFile, PersistState};
 pub use strata_security::tls::TlsConfig;
@@ -75,6 +76,9 @@ pub const METRIC_FAILOVERS: &str = "strata_client_failovers_total";
 /// Counter: block reads sent to a second worker because the first had not answered within its
 /// hedging deadline (see [`HedgePolicy`]).
 pub const METRIC_HEDGES: &str = "strata_client_hedged_reads_total";
+/// Counter: block reads first sent to a read replica on the client's own node
+/// ([`ClientConfig::node`]).
+pub const METRIC_LOCAL_READS: &str = "strata_client_local_reads_total";
 /// Counter: block reads the sidecar could not serve that went to the cluster over TCP.
 pub const METRIC_SIDECAR_FALLBACKS: &str = "strata_client_sidecar_fallbacks_total";
 /// Environment variable naming the sidecar's Unix socket (read by [`ClientConfig::new`]).
@@ -142,6 +146,10 @@ pub struct ClientConfig {
     /// the host dialled. Default from `STRATA_TLS_CA`, `STRATA_TLS_CERT`, `STRATA_TLS_KEY`,
     /// `STRATA_TLS_SERVER_NAME` (see [`TlsConfig::from_env`]); none set: plain TCP.
     pub tls: TlsConfig,
+    /// The node (host, Kubernetes node name) this client runs on: among a block's read
+    /// replicas (the mount's `read_replicas`) one on the same node is asked first. Default
+    /// `STRATA_NODE` when set and not blank (in Kubernetes, from `spec.nodeName`), else none.
+    pub node: Option<String>,
     /// The token presented to the master (every call) and to workers (every new connection).
     /// Default: `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else a standalone's
     /// `<STRATA_DIR or .strata>/admin.token` when it exists; `None` for a cluster with
@@ -187,6 +195,7 @@ impl ClientConfig {
                 .unwrap_or_default(),
             listing_cache_entries: 100_000,
             clock: strata_common::clock::system(),
+            node: strata_common::node_from_env(),
             token: token_from_env(),
             tls: TlsConfig::from_env(),
         }
@@ -292,7 +301,11 @@ impl From<strata_proto::FileStatus> for FileInfo {
             mtime_ms: s.mtime_ms,
             block_size: s.block_size,
             file_id: s.file_id,
-            holders: s.holders.into_iter().map(|m| Member { id: m.id, data_addr: m.data_addr }).collect(),
+            holders: s
+                .holders
+                .into_iter()
+                .map(|m| Member { id: m.id, data_addr: m.data_addr, node: m.node })
+                .collect(),
             persist: Persist::from_proto(s.persist),
         }
     }
@@ -336,7 +349,10 @@ struct Inner {
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
     failovers: std::sync::atomic::AtomicU64,
     hedges: std::sync::atomic::AtomicU64,
+    local_reads: std::sync::atomic::AtomicU64,
     health: health::Health,
+    /// Block reads in flight per worker, for choosing among read replicas.
+    in_flight: spread::InFlight,
     outage: Outage,
     listings: Listings,
 }
@@ -633,7 +649,9 @@ impl Client {
                 stats: Mutex::new(stats),
                 failovers: Default::default(),
                 hedges: Default::default(),
+                local_reads: Default::default(),
                 health: health::Health::new(config.hedge),
+                in_flight: spread::InFlight::default(),
                 outage: Outage::new(
                     config.master_outage_grace,
                     config.membership_refresh,
@@ -656,6 +674,12 @@ impl Client {
     /// `strata_client_hedged_reads_total` metric, for this client alone).
     pub fn hedged_reads(&self) -> u64 {
         self.inner.hedges.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Block reads first sent to a read replica on this client's node (as the
+    /// `strata_client_local_reads_total` metric, for this client alone).
+    pub fn local_reads(&self) -> u64 {
+        self.inner.local_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -690,8 +714,11 @@ impl Client {
 
     fn set_view(&self, membership: strata_proto::Membership, mounts: Vec<MountInfo>) {
         let suspects = membership.workers.iter().filter(|w| w.suspect).map(|w| w.id.clone()).collect();
-        let members =
-            membership.workers.into_iter().map(|w| Member { id: w.id, data_addr: w.data_addr }).collect();
+        let members = membership
+            .workers
+            .into_iter()
+            .map(|w| Member { id: w.id, data_addr: w.data_addr, node: w.node })
+            .collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
         debug!(epoch = ring.epoch(), workers = ring.members().len(), "membership refreshed");
         let mut view = self.inner.view.write().unwrap_or_else(|p| p.into_inner());
@@ -724,6 +751,21 @@ impl Client {
     pub async fn ring(&self) -> Result<Ring> {
         self.fresh_view().await?;
         Ok(self.inner.view.read().unwrap_or_else(|p| p.into_inner()).ring.clone())
+    }
+
+    /// How many of a block's first ring owners a read of `p` may ask first (its mount's
+    /// `read_replicas`; 1 for a path under no known mount, or a master that does not say).
+    pub(crate) fn read_replicas_for(&self, p: &str) -> usize {
+        self.mount_read_replicas(p).unwrap_or(1)
+    }
+
+    /// The `read_replicas` of the mount holding `p`, `None` when this client knows no such mount.
+    pub(crate) fn mount_read_replicas(&self, p: &str) -> Option<usize> {
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        view.mounts
+            .iter()
+            .find(|m| path::strip_mount(&m.path, p).is_some())
+            .map(|m| m.read_replicas.max(1) as usize)
     }
 
     fn ttl_for(&self, p: &str) -> Duration {
@@ -1002,7 +1044,8 @@ impl Client {
             if ring.is_empty() {
                 return Err(ClientError::unavailable("no live workers in the cluster"));
             }
-            let owners = self.in_asking_order(ring.owners(hash, ring.members().len()));
+            let owners = self
+                .in_asking_order(ring.owners(hash, ring.members().len()), self.read_replicas_for(&info.path));
             match self.read_from_owners(&owners, &req, &mut sink).await {
                 Asked::Served { bytes, by } => {
                     if by > 0 || round > 0 {
@@ -1018,15 +1061,34 @@ impl Client {
         Err(ClientError::unserved(last_err, "no worker answered"))
     }
 
-    /// A block's owners in the order they are asked: those neither the master nor this client
-    /// suspects first, each group in ring order (so placement, and with it the cache, holds).
-    fn in_asking_order<'r>(&self, owners: Vec<&'r Member>) -> Vec<&'r Member> {
+    /// A block's owners (in ring order) in the order they are asked: those neither the master
+    /// nor this client suspects first, each group in ring order (so placement, and with it the
+    /// cache, holds) — except that with `read_replicas` > 1 the first one asked is chosen among
+    /// the first `read_replicas` owners: one on this client's node, else the less busy of two
+    /// (`spread`).
+    fn in_asking_order<'r>(&self, owners: Vec<&'r Member>, read_replicas: usize) -> Vec<&'r Member> {
         let now = tokio::time::Instant::now();
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
-        let (trusted, suspect): (Vec<&Member>, Vec<&Member>) = owners.into_iter().partition(|m| {
-            !view.suspects.contains(&m.id) && !self.inner.health.is_suspect(&m.data_addr, now)
-        });
-        trusted.into_iter().chain(suspect).collect()
+        let node = self.inner.config.node.as_deref().filter(|n| !n.is_empty());
+        let mut trusted = Vec::with_capacity(owners.len());
+        let mut suspect = Vec::new();
+        for (rank, m) in owners.into_iter().enumerate() {
+            if view.suspects.contains(&m.id) || self.inner.health.is_suspect(&m.data_addr, now) {
+                suspect.push(m);
+            } else {
+                // Only candidates need their load; the rest keep their place whatever it is.
+                let in_flight = if rank < read_replicas { self.inner.in_flight.get(&m.data_addr) } else { 0 };
+                let local = node.is_some_and(|n| n == m.node);
+                trusted.push((m, rank, spread::Candidate { local, in_flight }));
+            }
+        }
+        drop(view);
+        let (order, first) = spread::asking_order(trusted, suspect, read_replicas, &mut rand::rng());
+        if first.is_some_and(|c| c.local) {
+            metrics::counter!(METRIC_LOCAL_READS).increment(1);
+            self.inner.local_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        order
     }
 
     /// One block read from `owners`, hedged: the first is asked (into `sink`); when it fails
@@ -1048,7 +1110,11 @@ impl Client {
         let health = &self.inner.health;
         let Some(first) = owners.first() else { return Asked::Failed(None) };
         let started = Instant::now();
-        let mut primary = Some(Box::pin(sink.read(transport, &first.data_addr, req)));
+        let in_flight = &self.inner.in_flight;
+        let mut primary = Some(Box::pin(async {
+            let _counted = in_flight.track(&first.data_addr);
+            sink.read(transport, &first.data_addr, req).await
+        }));
         let mut others: FuturesUnordered<OtherRead<'_>> = FuturesUnordered::new();
         // Owners asked so far, each with when it was asked; `None` once it has answered or failed.
         let mut asked: Vec<Option<Instant>> = vec![Some(started)];
@@ -1104,6 +1170,7 @@ impl Client {
                     hedge_at = now + health.hedge_after(&owner.data_addr);
                     let addr = owner.data_addr.clone();
                     others.push(Box::pin(async move {
+                        let _counted = in_flight.track(&addr);
                         (i, transport.read_block(&addr, req).await.map(|(bytes, _)| bytes))
                     }));
                 }
@@ -1228,6 +1295,14 @@ impl Client {
 
     pub async fn status(&self) -> Result<ClusterStatus> {
         Ok(self.master().status(Empty {}).await.map_err(self.rpc_err("status"))?.into_inner())
+    }
+
+    /// Which workers (and nodes) hold how many blocks and bytes of the files under `path` (a
+    /// file, or a directory and everything below it), from the master's block map, the
+    /// workers holding most first. A path under no mount is `NotFound`.
+    pub async fn locate(&self, path: &str) -> Result<LocateResponse> {
+        let req = strata_proto::LocateRequest { path: path.to_string() };
+        Ok(self.master().locate(req).await.map_err(self.rpc_err("locate"))?.into_inner())
     }
 
     /// Which workers hold which blocks of a file (from the master's block map), every page.

@@ -88,15 +88,19 @@ impl Upstream for ClusterUpstream {
 ///
 /// Peers are asked only where they may hold the block: for a block this worker is not the
 /// first owner of (a read that came by failover, a hedge or a second replica: the owner likely
-/// has it), and for any block during [`PEER_WINDOW`] after the ring changed (or this worker
-/// started, which may be it joining). On a ring that has not moved, the owner's own miss goes
-/// straight to the UFS and costs no peer round trip.
+/// has it), for any block of a mount with `read_replicas` > 1 (clients spread its reads over
+/// the first owners, so the copy may be on any of them, not only the first), and for any block
+/// during [`PEER_WINDOW`] after the ring changed (or this worker started, which may be it
+/// joining). On a ring that has not moved, the owner's own miss of a block read from one
+/// replica goes straight to the UFS and costs no peer round trip.
 pub struct PeerUpstream {
     client: Client,
     /// This worker, never asked.
     me: String,
     rings: std::sync::Mutex<Rings>,
     request_timeout: Duration,
+    /// When a miss on a mount this client did not know last made it refresh its view.
+    refreshed_for_mount: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 struct Rings {
@@ -109,6 +113,9 @@ struct Rings {
 /// How long after a ring change every miss asks its previous owners first: long enough for the
 /// blocks that moved to be read once and so pulled across.
 pub const PEER_WINDOW: Duration = Duration::from_secs(600);
+
+/// Least time between two refreshes of the view forced by a miss on an unknown mount.
+const UNKNOWN_MOUNT_REFRESH: Duration = Duration::from_millis(200);
 
 /// Most peers one miss asks before the UFS.
 const PEERS_ASKED: usize = 2;
@@ -126,11 +133,41 @@ impl PeerUpstream {
     ) -> Result<Self> {
         let client = Client::connect(cluster_config(master_addr, token, request_timeout, tls)).await?;
         let rings = Rings { current: None, previous: None, changed_at: client.config().clock.now() };
-        Ok(Self { client, me: me.to_string(), rings: std::sync::Mutex::new(rings), request_timeout })
+        Ok(Self {
+            client,
+            me: me.to_string(),
+            rings: std::sync::Mutex::new(rings),
+            request_timeout,
+            refreshed_for_mount: std::sync::Mutex::new(None),
+        })
     }
 
-    /// The peers that may hold the block, most likely first.
-    async fn candidates(&self, hash: u64) -> Vec<strata_common::Member> {
+    /// The mount's `read_replicas`. A mount this client has not heard of was added since its
+    /// view was fetched (a worker's client fetches it at start and every 2 s), so the view is
+    /// older than the mount, and likely than the ring its peers are on: refresh it now (at
+    /// most every [`UNKNOWN_MOUNT_REFRESH`]) rather than miss the peers for up to 2 s and read
+    /// the UFS instead.
+    async fn read_replicas(&self, path: &str) -> usize {
+        if let Some(n) = self.client.mount_read_replicas(path) {
+            return n;
+        }
+        let due = {
+            let now = tokio::time::Instant::now();
+            let mut last = self.refreshed_for_mount.lock().unwrap_or_else(|p| p.into_inner());
+            let due = last.is_none_or(|at| now.duration_since(at) >= UNKNOWN_MOUNT_REFRESH);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        if due && let Err(e) = self.client.refresh_view().await {
+            tracing::debug!(path, err = %e, "cannot refresh the view for a mount it does not know");
+        }
+        self.client.read_replicas_for(path)
+    }
+
+    /// The peers that may hold the block of a mount with `read_replicas`, most likely first.
+    async fn candidates(&self, hash: u64, read_replicas: usize) -> Vec<strata_common::Member> {
         let ring = match self.client.ring().await {
             Ok(ring) => ring,
             Err(_) => return Vec::new(),
@@ -144,9 +181,11 @@ impl PeerUpstream {
             rings.previous = rings.current.replace(ring.clone());
         }
         let mine = ring.owners(hash, 1).first().is_some_and(|m| m.id == self.me);
-        if mine && now.saturating_duration_since(rings.changed_at) >= PEER_WINDOW {
+        if mine && read_replicas <= 1 && now.saturating_duration_since(rings.changed_at) >= PEER_WINDOW {
             return Vec::new();
         }
+        // Every other read replica may hold it (then the owners before a change).
+        let asked = PEERS_ASKED.max(read_replicas.saturating_sub(1));
         // A peer the master reports silent, or that just timed out here, would only hold the
         // miss for the peer timeout: it is skipped.
         let suspects = self.client.inner.view.read().unwrap_or_else(|p| p.into_inner()).suspects.clone();
@@ -155,13 +194,13 @@ impl PeerUpstream {
         let mut out: Vec<strata_common::Member> = Vec::new();
         let mut push = |m: &strata_common::Member| {
             let trusted = !suspects.contains(&m.id) && !health.is_suspect(&m.data_addr, t);
-            if trusted && m.id != self.me && !out.iter().any(|o| o.id == m.id) && out.len() < PEERS_ASKED {
+            if trusted && m.id != self.me && !out.iter().any(|o| o.id == m.id) && out.len() < asked {
                 out.push(m.clone());
             }
         };
         // The owner before this worker joined: the next on the ring after it. (When this worker
         // is not the owner, a read came here by failover or a hedge: the owner likely has it.)
-        for m in ring.owners(hash, 2) {
+        for m in ring.owners(hash, read_replicas.max(2)) {
             push(m);
         }
         if let Some(previous) = &rings.previous
@@ -189,7 +228,8 @@ impl Upstream for PeerUpstream {
         };
         let frame = req.encode_peer();
         let mut why = Vec::new();
-        for peer in self.candidates(hash).await {
+        let read_replicas = self.read_replicas(read.path).await;
+        for peer in self.candidates(hash, read_replicas).await {
             let dial = self.client.dial();
             let answer = crate::transport::ask(
                 crate::transport::Via::Tcp,

@@ -15,11 +15,11 @@ use strata_proto::{
     CommitWriteResponse, CreateTokenRequest, CreateTokenResponse, DeleteRequest, Empty,
     FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, FreeRequest, FreeResponse,
     HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
-    ListRequest, ListResponse, LoadTasks, Member, Membership, MkdirRequest, MountInfo, MountList, PinInfo,
-    PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse, RemoveMountRequest,
-    ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId, ScheduleInfo,
-    ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse, TokenInfo,
-    TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse, WorkerMountsRequest,
+    ListRequest, ListResponse, LoadTasks, LocateRequest, LocateResponse, Member, Membership, MkdirRequest,
+    MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse,
+    RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId,
+    ScheduleInfo, ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse,
+    TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse, WorkerMountsRequest,
     WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,7 +43,7 @@ macro_rules! fake_master {
         #[async_trait::async_trait]
         impl Master for FakeMaster {
             async fn get_membership(&self, _: Request<Empty>) -> Result<Response<Membership>, Status> {
-                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string(), suspect: false };
+                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string(), suspect: false, node: String::new() };
                 Ok(Response::new(Membership { epoch: 1, workers: vec![worker] }))
             }
 
@@ -81,6 +81,7 @@ fake_master! {
     list(ListRequest) -> ListResponse;
     find(FindRequest) -> FindResponse;
     get_block_locations(BlockLocationsRequest) -> BlockLocations;
+    locate(LocateRequest) -> LocateResponse;
     status(Empty) -> ClusterStatus;
     delete(DeleteRequest) -> Empty;
     mkdir(MkdirRequest) -> Empty;

@@ -38,6 +38,16 @@ pub const DEFAULT_MASTER_PORT: u16 = 19998;
 /// `STRATA_MASTER`): this host, on [`DEFAULT_MASTER_PORT`].
 pub const DEFAULT_MASTER_ADDR: &str = "127.0.0.1:19998";
 
+/// Environment variable naming the node (host, Kubernetes node name) a process runs on: a
+/// worker reports it to the master, a client prefers read replicas on the same node. In
+/// Kubernetes it comes from the downward API (`spec.nodeName`).
+pub const NODE_ENV: &str = "STRATA_NODE";
+
+/// The node [`NODE_ENV`] names, when it is set and not blank.
+pub fn node_from_env() -> Option<String> {
+    std::env::var(NODE_ENV).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
 /// The masters named by a `--master` / `STRATA_MASTER` value: one `host:port`, or several
 /// separated by commas (the masters of an HA cluster, in the order to try them). Blanks around
 /// entries are ignored; the list is deduplicated keeping the first occurrence. Every client of

@@ -20,6 +20,7 @@ pub const STRATA_MOUNT_OPTIONS: &[&str] = &[
     "metadata_ttl",
     "mode",
     "write_replicas",
+    "read_replicas",
     "upload_parallelism",
     "upload_bandwidth",
     "on_full",
@@ -32,6 +33,8 @@ pub const STRATA_MOUNT_OPTIONS: &[&str] = &[
 pub const DEFAULT_WRITE_REPLICAS: u32 = 2;
 /// Largest `write_replicas` (a client streams every byte to each).
 pub const MAX_WRITE_REPLICAS: u32 = 8;
+/// Largest `read_replicas`: a miss on a replica asks at most that many peers before the UFS.
+pub const MAX_READ_REPLICAS: u32 = 8;
 /// Default `upload_parallelism`: uploads one worker runs at once for a mount.
 pub const DEFAULT_UPLOAD_PARALLELISM: u32 = 4;
 
@@ -113,6 +116,10 @@ pub struct MountOptions {
     /// Write-back: distinct workers whose journals must hold a file before it is acknowledged
     /// (`write_replicas`, 1 to 8, default 2).
     pub write_replicas: u32,
+    /// How many of a block's first ring owners clients may read it from (`read_replicas`, 1
+    /// to 8, default 1): with more than one, each read asks first the one of them the client
+    /// has fewer reads in flight to (power of two choices), or one on the client's own node.
+    pub read_replicas: u32,
     /// Write-back: uploads one worker runs at once for this mount (`upload_parallelism`,
     /// default 4).
     pub upload_parallelism: u32,
@@ -132,6 +139,7 @@ impl Default for MountOptions {
             block_size: DEFAULT_BLOCK_SIZE,
             metadata_ttl: Duration::from_millis(DEFAULT_METADATA_TTL_MS),
             write_replicas: DEFAULT_WRITE_REPLICAS,
+            read_replicas: 1,
             upload_parallelism: DEFAULT_UPLOAD_PARALLELISM,
             upload_bandwidth: 0,
             on_full: OnFull::default(),
@@ -172,6 +180,12 @@ impl MountOptions {
                     out.write_replicas =
                         value.parse().ok().filter(|n| (1..=MAX_WRITE_REPLICAS).contains(n)).ok_or_else(
                             || bad(&format!("expected a number of workers from 1 to {MAX_WRITE_REPLICAS}")),
+                        )?;
+                }
+                "read_replicas" => {
+                    out.read_replicas =
+                        value.parse().ok().filter(|n| (1..=MAX_READ_REPLICAS).contains(n)).ok_or_else(
+                            || bad(&format!("expected a number of workers from 1 to {MAX_READ_REPLICAS}")),
                         )?;
                 }
                 "upload_parallelism" => {
@@ -226,6 +240,8 @@ mod tests {
         assert_eq!(o.mode, MountMode::WriteThrough);
         assert!(o.mode.is_writable());
         assert_eq!(o.ufs.get("region").map(String::as_str), Some("x"));
+        assert_eq!(o.read_replicas, 1, "reads use the first owner unless asked");
+        assert_eq!(parse(&[("read_replicas", "3")]).unwrap().read_replicas, 3);
         assert!(!o.ufs.contains_key("mode"), "Strata's own options are not the UFS's");
     }
 
@@ -237,7 +253,14 @@ mod tests {
         assert!(parse(&[("metadata_ttl", "10")]).is_err());
         let e = parse(&[("mode", "write-back-ish")]).unwrap_err();
         assert!(e.to_string().contains("read-only, write-through or write-back"), "{e}");
-        for (k, v) in [("write_replicas", "0"), ("write_replicas", "9"), ("upload_parallelism", "x")] {
+        for (k, v) in [
+            ("write_replicas", "0"),
+            ("write_replicas", "9"),
+            ("read_replicas", "0"),
+            ("read_replicas", "9"),
+            ("read_replicas", "two"),
+            ("upload_parallelism", "x"),
+        ] {
             assert_eq!(parse(&[(k, v)]).unwrap_err().key, k);
         }
         assert_eq!(parse(&[("on_full", "spill")]).unwrap_err().key, "on_full");

@@ -14,6 +14,16 @@ pub struct Member {
     pub id: String,
     /// `host:port` of the worker's data plane.
     pub data_addr: String,
+    /// The node the worker runs on (`STRATA_NODE`), empty when unknown. Not part of
+    /// placement: a worker's ring position depends on its id alone.
+    pub node: String,
+}
+
+impl Member {
+    /// A member whose node is unknown.
+    pub fn new(id: impl Into<String>, data_addr: impl Into<String>) -> Self {
+        Self { id: id.into(), data_addr: data_addr.into(), node: String::new() }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -82,7 +92,7 @@ mod tests {
     use super::*;
 
     fn members(n: usize) -> Vec<Member> {
-        (0..n).map(|i| Member { id: format!("w{i}"), data_addr: format!("127.0.0.1:{}", 1000 + i) }).collect()
+        (0..n).map(|i| Member::new(format!("w{i}"), format!("127.0.0.1:{}", 1000 + i))).collect()
     }
 
     #[test]

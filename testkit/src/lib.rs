@@ -45,6 +45,9 @@ pub struct ClusterOptions {
     /// can fill its disk; `None` (the default): a directory of the test's temporary directory.
     /// Needs root.
     pub nvme_disk: Option<&'static str>,
+    /// The node each worker reports (worker `i` gets `nodes[i]`; none past the end), as
+    /// `STRATA_NODE` would set it on a real host.
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +75,7 @@ impl Default for ClusterOptions {
             auth: true,
             tls: None,
             nvme_disk: None,
+            nodes: Vec::new(),
         }
     }
 }
@@ -145,6 +149,7 @@ impl Cluster {
                 nvme_capacity: opts.nvme_capacity,
                 token_file: Some(token_files.worker_file.clone()).filter(|_| opts.auth),
                 tls: server_tls.clone(),
+                node: opts.nodes.get(i).cloned(),
                 ..WorkerConfig::default()
             })
             .collect();
@@ -223,6 +228,7 @@ impl Cluster {
         let i = self.worker_configs.len();
         let mut config = self.worker_configs[0].clone();
         config.data_dir = self.state_dir.path().join(format!("worker-{i}"));
+        config.node = None;
         self.worker_configs.push(config);
         let w = self.spawn_worker(i).await;
         self.workers.push(Some(w));

@@ -35,6 +35,7 @@ const RPCS: &[(&str, Access)] = &[
     ("List", Access::Read),
     ("Find", Access::Read),
     ("GetBlockLocations", Access::Read),
+    ("Locate", Access::Read),
     ("Status", Access::Any),
     ("Delete", Access::Write),
     ("Mkdir", Access::Write),
@@ -83,6 +84,7 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
         "GetBlockLocations" => {
             c.get_block_locations(BlockLocationsRequest { path: p, ..Default::default() }).await.map(drop)
         }
+        "Locate" => c.locate(strata_proto::LocateRequest { path: "/data/b".into() }).await.map(drop),
         "Status" => c.status(Empty {}).await.map(drop),
         "Delete" => c.delete(DeleteRequest { path: "/data/b".into(), recursive: true }).await.map(drop),
         "Mkdir" => c.mkdir(MkdirRequest { path: "/data/b/new".into() }).await.map(drop),
