@@ -31,6 +31,8 @@ pub struct Heartbeat {
     pub removed: Vec<BlockReport>,
     /// `added` is the worker's whole block set: forget what it held before.
     pub full_report: bool,
+    /// Bytes it holds of each mount with a quota or a cache TTL, by mount path.
+    pub mount_bytes: Vec<(String, u64)>,
 }
 
 /// What the master answers a heartbeat.
@@ -160,7 +162,7 @@ impl Cluster {
         if unreported || !mem.heartbeat(&hb.worker_id, self.clock.now()) {
             return HeartbeatAnswer { reregister: true, membership_epoch: mem.epoch() };
         }
-        mem.update_stats(&hb.worker_id, hb.tiers, hb.counters);
+        mem.update_stats(&hb.worker_id, hb.tiers, hb.counters, hb.mount_bytes);
         let epoch = mem.epoch();
         drop(mem);
         let mut blocks = lock(&self.blocks);
@@ -341,6 +343,7 @@ mod tests {
             added: Vec::new(),
             removed: Vec::new(),
             full_report: false,
+            mount_bytes: Vec::new(),
         }
     }
 

@@ -23,6 +23,8 @@ pub struct WorkerRecord {
     pub live: bool,
     pub tiers: Vec<TierUsage>,
     pub counters: WorkerCounters,
+    /// Bytes it holds of each mount with a quota or a cache TTL, by mount path.
+    pub mount_bytes: Vec<(String, u64)>,
 }
 
 /// A registration: who a worker is, where it is reached and on which node it runs. The store
@@ -78,6 +80,7 @@ impl Membership {
             last_heartbeat: now,
             live: true,
             tiers: Vec::new(),
+            mount_bytes: Vec::new(),
             counters: WorkerCounters::default(),
         });
         record.data_addr = data_addr.to_string();
@@ -103,10 +106,17 @@ impl Membership {
         }
     }
 
-    pub fn update_stats(&mut self, id: &str, tiers: Vec<TierUsage>, counters: WorkerCounters) {
+    pub fn update_stats(
+        &mut self,
+        id: &str,
+        tiers: Vec<TierUsage>,
+        counters: WorkerCounters,
+        mount_bytes: Vec<(String, u64)>,
+    ) {
         if let Some(w) = self.workers.get_mut(id) {
             w.tiers = tiers;
             w.counters = counters;
+            w.mount_bytes = mount_bytes;
         }
     }
 

@@ -64,6 +64,10 @@ pub struct Mount {
     pub write_back: bool,
     /// `read_replicas`: how many of a block's first ring owners clients spread reads over.
     pub read_replicas: u32,
+    /// `cache_ttl`: how long workers keep a block of the mount cached.
+    pub cache_ttl: Option<std::time::Duration>,
+    /// `quota`: bytes of the mount the cluster's tiers may hold together.
+    pub quota: Option<u64>,
     pub ufs: Arc<dyn Ufs>,
 }
 
@@ -89,6 +93,8 @@ impl Mount {
             read_only: !options.mode.is_writable(),
             write_back: options.mode == strata_common::MountMode::WriteBack,
             read_replicas: options.read_replicas,
+            cache_ttl: options.cache_ttl,
+            quota: options.quota,
             ufs,
         })
     }

@@ -242,10 +242,34 @@ impl MasterRpc for Rpc {
         count("status");
         let status = self.cluster.status();
         let suspect_after = self.suspect_after();
+        let (_, mounts) = self.metadata.mounts();
+        let mount_quotas = mounts
+            .iter()
+            .filter(|m| m.quota.is_some() || m.cache_ttl.is_some())
+            .map(|m| pb::MountQuota {
+                path: m.record.path.clone(),
+                quota_bytes: m.quota.unwrap_or(0),
+                cached_bytes: status
+                    .workers
+                    .iter()
+                    .filter(|w| w.record.live)
+                    .flat_map(|w| &w.record.mount_bytes)
+                    .filter(|(path, _)| *path == m.record.path)
+                    .map(|(_, bytes)| bytes)
+                    .sum(),
+                cache_ttl_ms: m.cache_ttl.map_or(0, |d| d.as_millis() as u64),
+            })
+            .collect();
         let workers = status
             .workers
             .into_iter()
             .map(|w| pb::WorkerStatus {
+                mount_usage: w
+                    .record
+                    .mount_bytes
+                    .iter()
+                    .map(|(path, bytes)| pb::MountUsage { path: path.clone(), bytes: *bytes })
+                    .collect(),
                 suspect: w.record.live && w.since_heartbeat > suspect_after,
                 last_heartbeat_ms_ago: w.since_heartbeat.as_millis() as u64,
                 tiers: w.record.tiers.iter().map(proto_tier_usage).collect(),
@@ -265,6 +289,7 @@ impl MasterRpc for Rpc {
             blocks: status.blocks,
             mounts: self.metadata.mount_count() as u64,
             leader: self.leader.clone(),
+            mount_quotas,
         }))
     }
 
@@ -301,6 +326,7 @@ impl MasterRpc for Rpc {
             added: req.added.iter().map(block_report).collect(),
             removed: req.removed.iter().map(block_report).collect(),
             full_report: req.full_report,
+            mount_bytes: req.mount_usage.iter().map(|u| (u.path.clone(), u.bytes)).collect(),
         });
         let held: Vec<HeldJournal> = req
             .journals

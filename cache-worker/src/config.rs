@@ -116,6 +116,75 @@ pub struct WorkerConfig {
     /// `client_auth` requires clients of the data plane to present a certificate signed by
     /// `ca`. Default off.
     pub tls: TlsConfig,
+    /// Per-tier watermarks (`[watermarks]` table, see [`Watermarks`]): a tier holding more
+    /// than `high` percent of its capacity is evicted to `low` percent in the background.
+    /// Default: NVMe 95 and 85, DRAM off (100).
+    pub watermarks: Watermarks,
+    /// How often the background upkeep (watermarks, mounts' `cache_ttl` and `quota`) runs, in
+    /// milliseconds. Default 1000.
+    pub upkeep_interval_ms: u64,
+}
+
+/// A tier's watermarks, in percent of its capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Watermark {
+    /// Above this, upkeep evicts (1 to 100; 100 turns upkeep eviction off for the tier).
+    pub high: u8,
+    /// Down to this (at most `high`).
+    pub low: u8,
+}
+
+impl Watermark {
+    pub fn high_bytes(&self, capacity: u64) -> u64 {
+        percent(capacity, self.high)
+    }
+
+    pub fn low_bytes(&self, capacity: u64) -> u64 {
+        percent(capacity, self.low.min(self.high))
+    }
+}
+
+fn percent(capacity: u64, pct: u8) -> u64 {
+    (u128::from(capacity) * u128::from(pct.min(100)) / 100) as u64
+}
+
+impl Watermark {
+    /// Never evicts ahead of puts.
+    pub const OFF: Self = Self { high: 100, low: 100 };
+}
+
+/// `[watermarks]`: `memory = { high = 100, low = 100 }`, `nvme = { high = 95, low = 85 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Watermarks {
+    /// Off by default: a DRAM put evicts in O(1) without I/O, so free DRAM kept in reserve
+    /// would only be cache lost.
+    pub memory: Watermark,
+    /// 95 and 85 by default: room kept free on the disk absorbs bursts of writes without
+    /// deleting files on the read path, and leaves slack for other users of the disk.
+    pub nvme: Watermark,
+}
+
+impl Default for Watermarks {
+    fn default() -> Self {
+        Self { memory: Watermark::OFF, nvme: Watermark { high: 95, low: 85 } }
+    }
+}
+
+impl Watermarks {
+    /// Refuses marks outside 1–100 or a low above its high.
+    pub fn check(&self) -> Result<(), String> {
+        for (tier, m) in [("memory", self.memory), ("nvme", self.nvme)] {
+            if !(1..=100).contains(&m.high) || m.low > m.high {
+                return Err(format!(
+                    "watermarks.{tier}: high = {} and low = {} must satisfy 0 <= low <= high <= 100, high >= 1",
+                    m.high, m.low
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How a worker answers `OpenBlock` on TCP (see docs/ARCHITECTURE.md, "RDMA").
@@ -186,6 +255,8 @@ impl Default for WorkerConfig {
             socket_group: None,
             socket_allowed_uids: Vec::new(),
             tls: TlsConfig::default(),
+            watermarks: Watermarks::default(),
+            upkeep_interval_ms: 1000,
         }
     }
 }
@@ -226,5 +297,12 @@ mod tests {
         assert_eq!(c.tls.cert, Some(PathBuf::from("/etc/strata/tls.crt")));
         assert!(c.tls.client_auth && c.tls.ca.is_none());
         assert!(toml::from_str::<WorkerConfig>("[tls]\ncrt = \"/x\"").is_err());
+        let c: WorkerConfig = toml::from_str("[watermarks]\nnvme = { high = 90, low = 70 }").unwrap();
+        assert_eq!((c.watermarks.nvme.high, c.watermarks.nvme.low), (90, 70));
+        assert_eq!(c.watermarks.memory, Watermark::OFF);
+        assert_eq!(c.watermarks.nvme.low_bytes(1000), 700);
+        assert!(c.watermarks.check().is_ok());
+        let bad = Watermarks { memory: Watermark { high: 80, low: 90 }, ..Watermarks::default() };
+        assert!(bad.check().unwrap_err().contains("watermarks.memory"));
     }
 }

@@ -33,6 +33,7 @@ pub mod qos;
 pub mod sidecar;
 pub mod stats;
 pub mod tier;
+pub mod upkeep;
 pub mod view;
 pub mod writeback;
 
@@ -78,6 +79,8 @@ pub enum WorkerError {
     Rdma(#[from] grants::RdmaError),
     #[error("worker token: {0}")]
     Token(#[from] strata_security::token::TokenFileError),
+    #[error("invalid worker configuration: {0}")]
+    Config(String),
     #[error("write-back journal at {dir}: {source}")]
     Journal { dir: String, source: std::io::Error },
 }
@@ -198,6 +201,7 @@ impl Worker {
         factory: Arc<dyn UfsFactory>,
         clock: SharedClock,
     ) -> Result<WorkerHandle, WorkerError> {
+        config.watermarks.check().map_err(WorkerError::Config)?;
         let worker_id = match &config.worker_id {
             Some(id) => id.clone(),
             None => load_or_create_id(&config.data_dir)?,
@@ -273,8 +277,20 @@ impl Worker {
         let pins = pins::PinSet::new();
         let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
         pins.install(&tiers);
+        let upkeep = Arc::new(upkeep::Upkeep::new(
+            &tiers,
+            &config.watermarks,
+            pins.clone(),
+            upkeep::cluster_rules(blocks.mounts().clone(), view.clone(), worker_id.clone()),
+            clock.clone(),
+        ));
+        let upkeep_task = tokio::spawn(upkeep::run(
+            upkeep.clone(),
+            Duration::from_millis(config.upkeep_interval_ms),
+            cancel.clone(),
+        ));
         let linked =
-            master_link::Linked { blocks: blocks.clone(), view, auth, writeback, pins: pins.clone() };
+            master_link::Linked { blocks: blocks.clone(), view, auth, writeback, pins: pins.clone(), upkeep };
         let link = tokio::spawn(master_link::run(master.clone(), identity, linked, clock, cancel.clone()));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
@@ -288,7 +304,7 @@ impl Worker {
             connections,
             pins,
             cancel,
-            tasks: vec![dp, http_task, link, loader, writeback],
+            tasks: vec![dp, http_task, link, loader, writeback, upkeep_task],
         })
     }
 }

@@ -264,6 +264,8 @@ pub struct Linked {
     pub writeback: Arc<WriteBack>,
     /// Installed in the tiers by the caller; kept up to date here.
     pub pins: Arc<crate::pins::PinSet>,
+    /// Its per-mount bytes go out with every heartbeat.
+    pub upkeep: Arc<crate::upkeep::Upkeep>,
 }
 
 /// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
@@ -274,7 +276,7 @@ pub async fn run(
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
-    let Linked { blocks, view, auth, writeback, pins } = parts;
+    let Linked { blocks, view, auth, writeback, pins, upkeep } = parts;
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;
@@ -352,6 +354,11 @@ pub async fn run(
             added,
             removed,
             full_report: starts_full_report,
+            mount_usage: upkeep
+                .mount_bytes()
+                .into_iter()
+                .map(|(path, bytes)| strata_proto::MountUsage { path, bytes })
+                .collect(),
             journals: writeback
                 .reports()
                 .into_iter()

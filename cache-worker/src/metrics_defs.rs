@@ -17,6 +17,12 @@ pub const CORRUPT_BLOCKS: &str = "strata_worker_corrupt_blocks_total";
 /// Counter, label `reason` (`no_space`: ENOSPC, `quota`: EDQUOT, `io`: any other failure):
 /// NVMe block writes that failed. A full disk also lowers the tier's limit (see `strata status`).
 pub const NVME_WRITE_ERRORS: &str = "strata_worker_nvme_write_errors_total";
+/// Counter, labels `tier` and `reason` (`watermark`: the tier was above its high watermark,
+/// `ttl`: the mount's `cache_ttl` passed, `quota`: the mount was over its quota share): blocks
+/// the worker's background upkeep evicted.
+pub const UPKEEP_EVICTED_BLOCKS: &str = "strata_worker_upkeep_evicted_blocks_total";
+/// Counter, bytes, labels `tier` and `reason` as above: bytes the background upkeep evicted.
+pub const UPKEEP_EVICTED_BYTES: &str = "strata_worker_upkeep_evicted_bytes_total";
 /// Counter, label `kind`: requests answered with an error frame.
 pub const REQUEST_ERRORS: &str = "strata_worker_request_errors_total";
 /// Counter, label `kind` (`unauthenticated`, `permission_denied`, `unavailable`: tokens not

@@ -113,6 +113,11 @@ impl Mounts {
         self.table.read().unwrap_or_else(|p| p.into_inner()).0
     }
 
+    /// Every mount in the table now.
+    pub fn all(&self) -> Vec<Arc<WorkerMount>> {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).1.values().cloned().collect()
+    }
+
     fn lookup(&self, p: &str) -> Option<(Arc<WorkerMount>, String)> {
         let guard = self.table.read().unwrap_or_else(|p| p.into_inner());
         path::resolve_mount(&guard.1, p).map(|(_, m, rel)| (m.clone(), rel))

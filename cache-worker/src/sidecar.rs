@@ -78,6 +78,7 @@ pub async fn start_with_clock(
     let socket_path = config.socket_path.clone().ok_or(WorkerError::Sidecar {
         reason: "sidecar mode needs a socket path (--socket or socket_path)".into(),
     })?;
+    config.watermarks.check().map_err(WorkerError::Config)?;
     let worker_id =
         config.worker_id.clone().unwrap_or_else(|| format!("sidecar-{}", uuid::Uuid::new_v4().simple()));
     let blocks = crate::open_blocks(&config, factory, clock.clone()).await?;
@@ -109,6 +110,21 @@ pub async fn start_with_clock(
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;
+    // A sidecar is not on the ring, so quotas (shared by ring position) never apply to it;
+    // watermarks and mounts' cache TTLs do.
+    let tiers: Vec<Arc<dyn crate::tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
+    let upkeep = Arc::new(crate::upkeep::Upkeep::new(
+        &tiers,
+        &config.watermarks,
+        crate::pins::PinSet::new(),
+        crate::upkeep::cluster_rules(blocks.mounts().clone(), view.clone(), worker_id.clone()),
+        clock.clone(),
+    ));
+    let upkeep_task = tokio::spawn(crate::upkeep::run(
+        upkeep,
+        std::time::Duration::from_millis(config.upkeep_interval_ms),
+        cancel.clone(),
+    ));
     let refresher = {
         let blocks = blocks.clone();
         let worker_id = worker_id.clone();
@@ -132,7 +148,7 @@ pub async fn start_with_clock(
         grants,
         connections,
         cancel,
-        tasks: vec![dp, http_task, refresher, writeback],
+        tasks: vec![dp, http_task, refresher, writeback, upkeep_task],
     })
 }
 

@@ -78,6 +78,16 @@ pub struct DiskHealth {
     pub io_errors: u64,
 }
 
+/// What one [`Tier::evict`] took out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evicted {
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+/// Names the blocks a [`Tier::evict`] may take.
+pub type Among<'a> = &'a (dyn Fn(&BlockKey) -> bool + Send + Sync);
+
 /// A change of a tier's contents, for the master's block map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TierEvent {
@@ -106,6 +116,14 @@ pub trait Tier: Send + Sync + 'static {
     /// is refused that way, every `get` misses).
     async fn put(&self, key: &BlockKey, data: Bytes) -> Result<()>;
     async fn remove(&self, key: &BlockKey) -> Result<()>;
+    /// Evicts, in the tier's eviction order and passing over pinned blocks, at least `bytes`
+    /// bytes of the blocks `among` names (every one of them when they hold less), as a put
+    /// making room would (the eviction sink is told). The worker's upkeep calls it: a tier
+    /// above its high watermark, a mount above its quota. A tier without an eviction order
+    /// evicts nothing.
+    async fn evict(&self, _bytes: u64, _among: Among<'_>) -> Result<Evicted> {
+        Ok(Evicted::default())
+    }
     fn contains(&self, key: &BlockKey) -> bool;
     fn usage(&self) -> TierUsage;
     /// Every block held now, with its size (for a full block report).

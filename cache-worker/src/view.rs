@@ -29,6 +29,11 @@ impl LastView {
         self.seen_ms.fetch_max(now_ms, Ordering::Relaxed);
     }
 
+    /// The membership held, if any.
+    pub fn membership(&self) -> Option<Membership> {
+        self.view.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(m, _)| m.clone())
+    }
+
     /// The epochs of the membership and the mount table held, if any.
     pub fn epochs(&self) -> Option<(u64, u64)> {
         let guard = self.view.read().unwrap_or_else(|p| p.into_inner());

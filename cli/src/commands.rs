@@ -414,11 +414,39 @@ async fn ls(target: &Target, path: &str, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+/// The pins covering `path` (at it or above it), most specific first.
+fn pins_covering<'p>(pins: &'p [strata_client::PinInfo], path: &str) -> Vec<&'p strata_client::PinInfo> {
+    let mut covering: Vec<_> = pins
+        .iter()
+        .filter(|p| {
+            let root = p.path.trim_end_matches('/');
+            path == p.path
+                || root.is_empty()
+                || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
+        })
+        .collect();
+    covering.sort_by_key(|p| std::cmp::Reverse(p.path.len()));
+    covering
+}
+
 async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<()> {
     let client = connect(target).await?;
     let f = client.stat_with(path, sync).await?;
+    // Pins are a separate question to the master; one that cannot answer it (an older
+    // master) still gets the file's status.
+    let pins = client.pins().await.unwrap_or_default();
+    let covering = pins_covering(&pins, &f.path);
     if as_json {
-        outln!("{}", serde_json::to_string_pretty(&info_json(&f))?)?;
+        let mut v = info_json(&f);
+        let pins: Vec<_> = covering
+            .iter()
+            .map(|p| {
+                json!({"path": p.path, "tier": strata_client::pin_tier_name(p.tier),
+                       "expires_unix_ms": (p.expires_unix_ms != 0).then_some(p.expires_unix_ms)})
+            })
+            .collect();
+        v.as_object_mut().expect("object").insert("pinned_by".into(), pins.into());
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         outln!("path:       {}", f.path)?;
         outln!("type:       {}", if f.is_dir { "directory" } else { "file" })?;
@@ -433,6 +461,14 @@ async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<
             }
         }
         outln!("mtime (ms): {}", f.mtime_ms)?;
+        for p in &covering {
+            let until = if p.expires_unix_ms == 0 {
+                String::new()
+            } else {
+                format!(" until {}", unix_ms_text(p.expires_unix_ms))
+            };
+            outln!("pinned:     {} by {}{until}", strata_client::pin_tier_name(p.tier), p.path)?;
+        }
     }
     Ok(())
 }
@@ -689,8 +725,10 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
                         "disk_full": t.disk_full, "full_limit_bytes": t.full_limit_bytes,
                         "write_errors": {"no_space": t.write_errors_no_space, "quota": t.write_errors_quota, "io": t.write_errors_io}}))
                     .collect();
+                let mount_bytes: serde_json::Map<String, serde_json::Value> =
+                    w.mount_usage.iter().map(|u| (u.path.clone(), u.bytes.into())).collect();
                 let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "node": w.node, "live": w.live, "suspect": w.suspect,
-                    "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers});
+                    "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers, "mount_bytes": mount_bytes});
                 v.as_object_mut().expect("object").extend(
                     counters(&w.counters.unwrap_or_default()).as_object().expect("object").clone(),
                 );
@@ -699,7 +737,13 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
             .collect();
         let mut total = counters(&totals);
         total.as_object_mut().expect("object").insert("blocks".into(), s.blocks.into());
-        let out = json!({"leader": s.leader, "membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total});
+        let quotas: Vec<_> = s
+            .mount_quotas
+            .iter()
+            .map(|q| json!({"path": q.path, "quota_bytes": q.quota_bytes, "cached_bytes": q.cached_bytes, "cache_ttl_ms": q.cache_ttl_ms}))
+            .collect();
+        let out = json!({"leader": s.leader, "membership_epoch": s.membership_epoch, "mounts": s.mounts, "workers": workers, "totals": total,
+            "mount_quotas": quotas});
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
@@ -718,6 +762,27 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
         totals.ufs_bytes_read,
         totals.bytes_served
     )?;
+    for q in &s.mount_quotas {
+        let quota = if q.quota_bytes > 0 {
+            format!(
+                "{} of quota {} bytes cached ({:.1}%)",
+                q.cached_bytes,
+                q.quota_bytes,
+                q.cached_bytes as f64 * 100.0 / q.quota_bytes as f64
+            )
+        } else {
+            format!("{} bytes cached, no quota", q.cached_bytes)
+        };
+        let ttl = if q.cache_ttl_ms > 0 {
+            format!(
+                "  cache_ttl {}",
+                strata_common::units::format_duration(std::time::Duration::from_millis(q.cache_ttl_ms))
+            )
+        } else {
+            String::new()
+        };
+        outln!("mount {}: {quota}{ttl}", q.path)?;
+    }
     for w in &s.workers {
         let c = w.counters.unwrap_or_default();
         outln!(

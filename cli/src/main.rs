@@ -356,7 +356,8 @@ enum MountCommand {
         /// UFS URI, e.g. file:///mnt/datasets or s3://bucket/prefix.
         uri: String,
         /// Mount option KEY=VALUE (repeatable): block_size=4MiB, metadata_ttl=10s,
-        /// read_replicas=1 (owners a block's reads spread over),
+        /// read_replicas=1 (owners a block's reads spread over), cache_ttl=7d (how long a
+        /// worker keeps a block), quota=2TiB (bytes of the mount the cluster may cache),
         /// mode=read-only|write-through|write-back, and for write-back write_replicas=2,
         /// upload_parallelism=4, upload_bandwidth=200MiB, on_full=refuse|write-through (see
         /// docs/CONFIGURATION.md); and the UFS's own options (endpoint, region, access_key_id, ...).

@@ -21,6 +21,8 @@ pub const STRATA_MOUNT_OPTIONS: &[&str] = &[
     "mode",
     "write_replicas",
     "read_replicas",
+    "cache_ttl",
+    "quota",
     "upload_parallelism",
     "upload_bandwidth",
     "on_full",
@@ -120,6 +122,12 @@ pub struct MountOptions {
     /// to 8, default 1): with more than one, each read asks first the one of them the client
     /// has fewer reads in flight to (power of two choices), or one on the client's own node.
     pub read_replicas: u32,
+    /// How long a block of this mount stays cached after it was stored on a worker
+    /// (`cache_ttl`, e.g. `7d`; default none: until evicted). Pinned blocks stay while pinned.
+    pub cache_ttl: Option<Duration>,
+    /// Bytes of this mount's blocks the cluster's tiers may hold together (`quota`, e.g.
+    /// `2TiB`; default none). Each worker keeps the mount within its ring share of it.
+    pub quota: Option<u64>,
     /// Write-back: uploads one worker runs at once for this mount (`upload_parallelism`,
     /// default 4).
     pub upload_parallelism: u32,
@@ -140,6 +148,8 @@ impl Default for MountOptions {
             metadata_ttl: Duration::from_millis(DEFAULT_METADATA_TTL_MS),
             write_replicas: DEFAULT_WRITE_REPLICAS,
             read_replicas: 1,
+            cache_ttl: None,
+            quota: None,
             upload_parallelism: DEFAULT_UPLOAD_PARALLELISM,
             upload_bandwidth: 0,
             on_full: OnFull::default(),
@@ -187,6 +197,20 @@ impl MountOptions {
                         value.parse().ok().filter(|n| (1..=MAX_READ_REPLICAS).contains(n)).ok_or_else(
                             || bad(&format!("expected a number of workers from 1 to {MAX_READ_REPLICAS}")),
                         )?;
+                }
+                "cache_ttl" => {
+                    out.cache_ttl = Some(
+                        parse_duration(value)
+                            .filter(|d| !d.is_zero())
+                            .ok_or_else(|| bad("expected a duration such as 30m, 12h or 7d"))?,
+                    );
+                }
+                "quota" => {
+                    out.quota = Some(
+                        parse_size(value)
+                            .filter(|q| *q > 0)
+                            .ok_or_else(|| bad("expected a size such as 500GiB or 2TiB"))?,
+                    );
                 }
                 "upload_parallelism" => {
                     out.upload_parallelism = value
@@ -242,6 +266,10 @@ mod tests {
         assert_eq!(o.ufs.get("region").map(String::as_str), Some("x"));
         assert_eq!(o.read_replicas, 1, "reads use the first owner unless asked");
         assert_eq!(parse(&[("read_replicas", "3")]).unwrap().read_replicas, 3);
+        assert_eq!((o.cache_ttl, o.quota), (None, None), "no expiry and no quota unless asked");
+        let o = parse(&[("cache_ttl", "7d"), ("quota", "2TiB")]).unwrap();
+        assert_eq!(o.cache_ttl, Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(o.quota, Some(2 << 40));
         assert!(!o.ufs.contains_key("mode"), "Strata's own options are not the UFS's");
     }
 
@@ -259,6 +287,10 @@ mod tests {
             ("read_replicas", "0"),
             ("read_replicas", "9"),
             ("read_replicas", "two"),
+            ("cache_ttl", "0"),
+            ("cache_ttl", "soon"),
+            ("quota", "0"),
+            ("quota", "lots"),
             ("upload_parallelism", "x"),
         ] {
             assert_eq!(parse(&[(k, v)]).unwrap_err().key, k);

@@ -64,6 +64,27 @@ impl Ring {
         self.members.iter().any(|m| m.id == id)
     }
 
+    /// The fraction of the hash space `id` is the first owner of (0 for a non-member): the
+    /// share of the ring's blocks it is expected to hold, e.g. of a mount's cluster-wide quota.
+    pub fn share(&self, id: &str) -> f64 {
+        let Some(idx) = self.members.iter().position(|m| m.id == id) else { return 0.0 };
+        if self.members.len() == 1 {
+            return 1.0;
+        }
+        let last = self.points.last().map_or(0, |p| p.0);
+        let mut owned: u128 = 0;
+        let mut prev = last;
+        for &(hash, member) in &self.points {
+            // A point owns the hashes after the point before it, up to and including itself
+            // (see `owners`), wrapping around at the first point.
+            if member == idx {
+                owned += u128::from(hash.wrapping_sub(prev));
+            }
+            prev = hash;
+        }
+        owned as f64 / (u64::MAX as f64 + 1.0)
+    }
+
     /// Up to `n` distinct members in ring order starting at `hash`: the first is the owner,
     /// the rest are the failover order.
     pub fn owners(&self, hash: u64, n: usize) -> Vec<&Member> {
@@ -131,5 +152,23 @@ mod tests {
         assert_eq!(moved, owned_by_leaver);
         // Even spread: each of 4 workers owns roughly a quarter.
         assert!((3_500..6_500).contains(&owned_by_leaver), "{owned_by_leaver}");
+    }
+
+    #[test]
+    fn shares_sum_to_one_and_match_where_hashes_land() {
+        let ring = Ring::new(1, members(4), DEFAULT_VNODES);
+        let shares: Vec<f64> = ring.members().iter().map(|m| ring.share(&m.id)).collect();
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{shares:?}");
+        let mut landed = [0u32; 4];
+        for i in 0..40_000u64 {
+            let owner = &ring.owners(xxh3_64(&i.to_le_bytes()), 1)[0].id;
+            landed[ring.members().iter().position(|m| &m.id == owner).unwrap()] += 1;
+        }
+        for (share, landed) in shares.iter().zip(landed) {
+            let seen = f64::from(landed) / 40_000.0;
+            assert!((share - seen).abs() < 0.02, "share {share}, {seen} of the hashes");
+        }
+        assert_eq!(ring.share("nobody"), 0.0);
+        assert_eq!(Ring::new(1, members(1), 8).share("w0"), 1.0);
     }
 }

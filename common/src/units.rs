@@ -39,6 +39,21 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     })
 }
 
+/// A duration the way [`parse_duration`] reads it, in the largest unit that divides it
+/// (`7d`, `90m`, `1500ms`), so that what is shown can be typed back.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0".into();
+    }
+    for (unit, per) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        if ms % per == 0 {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +79,8 @@ mod tests {
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("7d"), Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(parse_duration("1 s"), None);
+        for shown in ["0", "7d", "90m", "1500ms", "36h", "45s"] {
+            assert_eq!(format_duration(parse_duration(shown).unwrap()), shown);
+        }
     }
 }

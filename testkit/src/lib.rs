@@ -150,6 +150,8 @@ impl Cluster {
                 token_file: Some(token_files.worker_file.clone()).filter(|_| opts.auth),
                 tls: server_tls.clone(),
                 node: opts.nodes.get(i).cloned(),
+                // As quick as the harness's heartbeats, so TTLs and quotas act within a test.
+                upkeep_interval_ms: 100,
                 ..WorkerConfig::default()
             })
             .collect();

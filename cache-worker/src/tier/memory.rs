@@ -25,7 +25,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use strata_common::BlockKey;
 
-use super::{EvictionSink, PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{
+    Among, Evicted, EvictionSink, PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage,
+};
 
 /// The DRAM tier. A capacity of 0 disables it: every `put` is refused with `TooLarge` and every
 /// `get` misses.
@@ -148,6 +150,23 @@ impl Tier for MemoryTier {
     async fn remove(&self, key: &BlockKey) -> Result<()> {
         self.lock().remove(key);
         Ok(())
+    }
+
+    async fn evict(&self, bytes: u64, among: Among<'_>) -> Result<Evicted> {
+        let pinned = self.pin_filter.get();
+        let mut inner = self.lock();
+        let victims =
+            inner.policy.evict_among(bytes, |k| !among(k) || pinned.is_some_and(|is_pinned| is_pinned(k)));
+        let mut evicted = Evicted::default();
+        for victim in victims {
+            let Some(data) = inner.remove(&victim) else { continue };
+            evicted.blocks += 1;
+            evicted.bytes += data.len() as u64;
+            if let Some(sink) = self.eviction_sink.get() {
+                sink(&victim, &data);
+            }
+        }
+        Ok(evicted)
     }
 
     fn contains(&self, key: &BlockKey) -> bool {

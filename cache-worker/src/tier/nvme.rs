@@ -59,7 +59,9 @@ use bytes::Bytes;
 use strata_common::BlockKey;
 use tokio::sync::Notify;
 
-use super::{DiskHealth, PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage};
+use super::{
+    Among, DiskHealth, Evicted, PinFilter, Result, S3Fifo, Tier, TierError, TierEvent, TierKind, TierUsage,
+};
 use crate::metrics_defs as m;
 
 const MAGIC: &[u8; 8] = b"STRATABK";
@@ -881,6 +883,31 @@ impl Tier for NvmeTier {
             }
         }
         unreachable!("the second attempt returns")
+    }
+
+    async fn evict(&self, bytes: u64, among: Among<'_>) -> Result<Evicted> {
+        let shared = &self.shared;
+        let pinned = shared.pin_filter.get();
+        let mut evicted = Evicted::default();
+        let keys = {
+            let mut index = shared.lock();
+            let victims = index
+                .policy
+                .evict_among(bytes, |k| !among(k) || pinned.is_some_and(|is_pinned| is_pinned(k)));
+            victims
+                .into_iter()
+                .filter(|victim| {
+                    let Some(ready) = index.retire(victim) else { return false };
+                    evicted.blocks += 1;
+                    evicted.bytes += ready.size;
+                    true
+                })
+                .collect()
+        };
+        let deleting = Deleting { shared: Arc::clone(shared), keys };
+        let deleted = tokio::task::spawn_blocking(move || deleting.delete_files());
+        deleted.await.map_err(join_error)??;
+        Ok(evicted)
     }
 
     async fn remove(&self, key: &BlockKey) -> Result<()> {

@@ -275,6 +275,22 @@ impl<K: Clone + Eq + Hash> S3Fifo<K> {
         Ok(self.commit(plan))
     }
 
+    /// Evicts at least `bytes` bytes of the entries `keep` does not name — every one of them
+    /// when they hold less — in the order `victims` takes them, and returns them in that order.
+    /// Upkeep beside puts calls it: a tier above its high watermark (`keep` names the pinned
+    /// entries), a mount above its quota (`keep` names every entry of other mounts too).
+    pub fn evict_among(&mut self, bytes: u64, mut keep: impl FnMut(&K) -> bool) -> Vec<K> {
+        let evictable: u64 = self.entries.iter().filter(|(key, _)| !keep(key)).map(|(_, e)| e.size).sum();
+        let to_free = bytes.min(evictable);
+        if to_free == 0 {
+            return Vec::new();
+        }
+        // `victims` frees what keeps `need` more bytes within the capacity: ask for exactly
+        // `to_free` beyond what fits. It cannot fail, since that many bytes are evictable.
+        let need = self.capacity.saturating_sub(self.used()) + to_free;
+        self.victims(need, keep).unwrap_or_default()
+    }
+
     /// The next current item of `queue` at or after `*taken`, advancing `*taken` past it.
     fn next_current<'a>(&'a self, queue: &'a VecDeque<(K, u64)>, taken: &mut usize) -> Option<&'a K> {
         while let Some((key, seq)) = queue.get(*taken) {
@@ -728,6 +744,8 @@ mod tests {
         Victims(u64),
         /// Which keys are pinned from now on (a bit per key).
         Pins(u16),
+        /// Upkeep: evict this many bytes of the keys outside a mask (a bit per key).
+        EvictAmong(u64, u16),
     }
 
     const KEYS: u64 = 12;
@@ -740,6 +758,7 @@ mod tests {
             1 => (0..KEYS).prop_map(Op::Remove),
             1 => (0u64..120).prop_map(Op::Victims),
             1 => any::<u16>().prop_map(|mask| Op::Pins(mask & (mask >> 3))),
+            1 => (0u64..120, any::<u16>()).prop_map(|(b, mask)| Op::EvictAmong(b, mask)),
         ]
     }
 
@@ -785,6 +804,22 @@ mod tests {
                         }
                     }
                     Op::Pins(mask) => pins = mask,
+                    Op::EvictAmong(bytes, mask) => {
+                        let keep = |k: &u64| pinned(k) || mask & (1 << k) != 0;
+                        let evictable: u64 =
+                            policy.iter().filter(|(k, _)| !keep(k)).map(|(_, s)| s).sum();
+                        let used = policy.used();
+                        let got = policy.evict_among(bytes, keep);
+                        let to_free = bytes.min(evictable);
+                        if to_free > 0 {
+                            let expected = model.victims(capacity - used + to_free, keep);
+                            prop_assert_eq!(Ok(got.clone()), expected);
+                        } else {
+                            prop_assert!(got.is_empty());
+                        }
+                        prop_assert!(got.iter().all(|k| !keep(k)), "a kept entry evicted");
+                        prop_assert!(used - policy.used() >= to_free, "freed too little");
+                    }
                 }
                 let entries: Vec<(u64, u64)> = policy.iter().map(|(k, s)| (*k, s)).collect();
                 prop_assert_eq!(&entries, &model.entries());
