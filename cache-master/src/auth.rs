@@ -38,13 +38,14 @@ pub const AUTHORIZATION: &str = "authorization";
 /// `None` for a name the service does not have (tonic answers it `UNIMPLEMENTED`).
 pub fn access_of(method: &str) -> Option<Access> {
     Some(match method {
-        "GetMembership" | "ListMounts" | "Status" | "GetJob" | "ListJobs" | "ListSchedules" | "ListPins" => {
-            Access::Any
-        }
+        "GetMembership" | "ListMounts" | "Status" | "GetJob" | "ListJobs" | "ListSchedules" | "ListPins"
+        | "ListCacheTtls" => Access::Any,
         "Stat" | "List" | "Find" | "GetBlockLocations" | "Locate" | "Sync" => Access::Read,
         "Delete" | "Mkdir" | "Invalidate" => Access::Write,
         "AddMount" | "RemoveMount" | "SubmitLoad" | "CancelJob" | "AddSchedule" | "RemoveSchedule"
-        | "CreateToken" | "ListTokens" | "RevokeToken" | "Pin" | "Unpin" | "Free" => Access::Admin,
+        | "CreateToken" | "ListTokens" | "RevokeToken" | "Pin" | "Unpin" | "Free" | "SetCacheTtl" => {
+            Access::Admin
+        }
         "RegisterWorker" | "Heartbeat" | "WorkerMounts" | "FetchLoadTasks" | "ReportLoadTasks"
         | "WorkerTokens" | "CommitWrite" | "UploadResult" => Access::Worker,
         _ => return None,

@@ -61,6 +61,8 @@ pub enum OpError {
     Store(#[from] StoreError),
     #[error("{0} is not pinned (see `strata pins`)")]
     NoPin(String),
+    #[error("{0} has no cache TTL of its own (see `strata ttl ls`)")]
+    NoCacheTtl(String),
     #[error(
         "pinning {path} ({bytes} bytes) in {tier} would pin more than the {capacity} bytes of {tier} on the {workers} live workers ({pinned} bytes are pinned already)"
     )]
@@ -95,9 +97,12 @@ impl OpError {
             | Self::Schedule(_)
             | Self::TooManyReplicas { .. }
             | Self::BadCommit(_) => ErrorKind::InvalidArgument,
-            Self::NoMount(_) | Self::NoJob(_) | Self::NoSchedule(_) | Self::NoToken(_) | Self::NoPin(_) => {
-                ErrorKind::NotFound
-            }
+            Self::NoMount(_)
+            | Self::NoJob(_)
+            | Self::NoSchedule(_)
+            | Self::NoToken(_)
+            | Self::NoPin(_)
+            | Self::NoCacheTtl(_) => ErrorKind::NotFound,
             Self::PinTooLarge { .. } => ErrorKind::ResourceExhausted,
             Self::Pinned { .. } | Self::TooManyFiles { .. } => ErrorKind::InvalidArgument,
             Self::Auth(e) => e.kind(),

@@ -54,6 +54,16 @@ pub struct PinRecord {
     pub expires_unix_ms: Option<i64>,
 }
 
+/// A path's cache TTL (`strata ttl set`): workers drop the blocks under it that long after
+/// they stored them. Durable like a pin, and handed to workers with the pins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheTtlRecord {
+    pub path: String,
+    pub ufs_prefix: String,
+    pub cache_ttl_ms: u64,
+    pub created_unix_ms: i64,
+}
+
 pub use strata_common::block::{identity_prefix as ufs_prefix, identity_under as covers};
 
 /// Two paths overlap when one is the other or lies under it.
@@ -69,6 +79,7 @@ const FREES_KEPT: usize = 256;
 #[derive(Debug)]
 struct State {
     pins: BTreeMap<String, PinRecord>,
+    cache_ttls: BTreeMap<String, CacheTtlRecord>,
     epoch: u64,
     /// (sequence, UFS prefix), oldest first.
     frees: VecDeque<(u64, String)>,
@@ -87,11 +98,18 @@ pub struct Pins {
 impl Pins {
     /// `first_epoch` should grow across master restarts (wall-clock millis), so a worker that
     /// held a previous master's list takes this one's.
-    pub fn new(records: Vec<PinRecord>, store: Arc<dyn MetaStore>, clock: SharedClock) -> Self {
+    pub fn new(
+        records: Vec<PinRecord>,
+        cache_ttls: Vec<CacheTtlRecord>,
+        store: Arc<dyn MetaStore>,
+        clock: SharedClock,
+    ) -> Self {
         let pins = records.into_iter().map(|r| (r.path.clone(), r)).collect();
+        let cache_ttls = cache_ttls.into_iter().map(|r| (r.path.clone(), r)).collect();
         let first_epoch = clock.wall_ms().max(0) as u64;
         let state = State {
             pins,
+            cache_ttls,
             epoch: first_epoch,
             frees: VecDeque::new(),
             // Sequences grow across restarts too: a worker's "applied" from before is below them.
@@ -151,6 +169,32 @@ impl Pins {
 
     pub fn epoch(&self) -> u64 {
         self.state().epoch
+    }
+
+    /// Sets (or replaces) the cache TTL of a path, durably.
+    pub fn set_cache_ttl(&self, record: CacheTtlRecord) -> Result<CacheTtlRecord, OpError> {
+        self.store.put_cache_ttl(&record)?;
+        let mut state = self.state();
+        state.cache_ttls.insert(record.path.clone(), record.clone());
+        state.epoch += 1;
+        Ok(record)
+    }
+
+    /// Clears the cache TTL of exactly `path`.
+    pub fn clear_cache_ttl(&self, path: &str) -> Result<CacheTtlRecord, OpError> {
+        let existing = self.state().cache_ttls.get(path).cloned();
+        let Some(record) = existing else {
+            return Err(OpError::NoCacheTtl(path.to_string()));
+        };
+        self.store.delete_cache_ttl(path)?;
+        let mut state = self.state();
+        state.cache_ttls.remove(path);
+        state.epoch += 1;
+        Ok(record)
+    }
+
+    pub fn cache_ttls(&self) -> Vec<CacheTtlRecord> {
+        self.state().cache_ttls.values().cloned().collect()
     }
 
     /// The first pin on `path`, above it or below it.
@@ -237,7 +281,7 @@ mod tests {
     fn pins_on(records: Vec<PinRecord>, store: Arc<MemStore>) -> (Pins, u64) {
         let clock = ManualClock::new();
         let base = clock.wall_ms() as u64;
-        (Pins::new(records, store, clock), base)
+        (Pins::new(records, Vec::new(), store, clock), base)
     }
 
     fn pin(path: &str, tier: PinTier, bytes: u64, expires: Option<i64>) -> PinRecord {

@@ -346,6 +346,15 @@ impl MasterRpc for Rpc {
         let pins_epoch = self.pins.epoch();
         let pins_included = req.pins_epoch != pins_epoch;
         let pins = if pins_included { self.pins.list().iter().map(pin_rule).collect() } else { Vec::new() };
+        let cache_ttls = if pins_included {
+            self.pins
+                .cache_ttls()
+                .iter()
+                .map(|r| pb::CacheTtlRule { ufs_prefix: r.ufs_prefix.clone(), cache_ttl_ms: r.cache_ttl_ms })
+                .collect()
+        } else {
+            Vec::new()
+        };
         if req.frees_applied != 0 {
             self.pins.applied(&req.worker_id, req.frees_applied);
         }
@@ -360,6 +369,7 @@ impl MasterRpc for Rpc {
             pins_epoch,
             pins,
             pins_included,
+            cache_ttls,
             free,
             last_free,
         }))
@@ -498,6 +508,38 @@ impl MasterRpc for Rpc {
         let record = self.pins.remove(&path).map_err(status(RPC))?;
         tracing::info!(path = %record.path, "unpinned");
         Ok(Response::new(pin_info(&record)))
+    }
+
+    async fn set_cache_ttl(&self, req: Request<pb::SetCacheTtlRequest>) -> RpcResult<pb::CacheTtlInfo> {
+        const RPC: &str = "set_cache_ttl";
+        count(RPC);
+        let req = req.into_inner();
+        let record = if req.cache_ttl_ms == 0 {
+            let path =
+                strata_common::path::normalize(&req.path).map_err(|e| status(RPC)(OpError::BadPath(e)))?;
+            let record = self.pins.clear_cache_ttl(&path).map_err(status(RPC))?;
+            tracing::info!(path = %record.path, "cache TTL cleared");
+            record
+        } else {
+            let r = self.metadata.resolve(&req.path).map_err(status(RPC))?;
+            let record = crate::pins::CacheTtlRecord {
+                ufs_prefix: crate::pins::ufs_prefix(&r.mount.record.uri, &r.rel),
+                path: r.path,
+                cache_ttl_ms: req.cache_ttl_ms,
+                created_unix_ms: self.pins.now_ms(),
+            };
+            let record = self.pins.set_cache_ttl(record).map_err(status(RPC))?;
+            tracing::info!(path = %record.path, cache_ttl_ms = record.cache_ttl_ms, "cache TTL set");
+            record
+        };
+        Ok(Response::new(cache_ttl_info(&record)))
+    }
+
+    async fn list_cache_ttls(&self, _: Request<pb::Empty>) -> RpcResult<pb::CacheTtlList> {
+        count("list_cache_ttls");
+        Ok(Response::new(pb::CacheTtlList {
+            ttls: self.pins.cache_ttls().iter().map(cache_ttl_info).collect(),
+        }))
     }
 
     async fn list_pins(&self, _: Request<pb::Empty>) -> RpcResult<pb::PinList> {
@@ -759,6 +801,14 @@ fn proto_pin_tier(tier: PinTier) -> pb::PinTier {
     match tier {
         PinTier::Memory => pb::PinTier::Memory,
         PinTier::Nvme => pb::PinTier::Nvme,
+    }
+}
+
+fn cache_ttl_info(r: &crate::pins::CacheTtlRecord) -> pb::CacheTtlInfo {
+    pb::CacheTtlInfo {
+        path: r.path.clone(),
+        cache_ttl_ms: r.cache_ttl_ms,
+        created_unix_ms: r.created_unix_ms,
     }
 }
 

@@ -172,7 +172,8 @@ pub(crate) fn load_state(
     let workers = store.load_workers()?;
     let grace = std::time::Duration::from_millis(config.writeback_journal_grace_ms);
     let pending = Arc::new(WriteBack::load(store.clone(), clock.clone(), grace)?);
-    let pins = Arc::new(Pins::new(store.load_pins()?, store.clone(), clock.clone()));
+    let pins =
+        Arc::new(Pins::new(store.load_pins()?, store.load_cache_ttls()?, store.clone(), clock.clone()));
     info!(
         mounts = mounts.len(),
         resuming_jobs = resume.len(),

@@ -17,7 +17,7 @@ use thiserror::Error;
 use crate::jobs::JobRecord;
 use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
-use crate::pins::PinRecord;
+use crate::pins::{CacheTtlRecord, PinRecord};
 use crate::schedule::ScheduleRecord;
 use crate::writeback::PendingRecord;
 
@@ -29,6 +29,7 @@ const SCHEDULES: TableDefinition<&str, &str> = TableDefinition::new("schedules")
 const TOKENS: TableDefinition<&str, &str> = TableDefinition::new("tokens");
 const PENDING: TableDefinition<&str, &str> = TableDefinition::new("writeback");
 const PINS: TableDefinition<&str, &str> = TableDefinition::new("pins");
+const CACHE_TTLS: TableDefinition<&str, &str> = TableDefinition::new("cache_ttls");
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -94,6 +95,9 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_pins(&self) -> Result<Vec<PinRecord>, StoreError>;
     fn put_pin(&self, record: &PinRecord) -> Result<(), StoreError>;
     fn delete_pin(&self, path: &str) -> Result<(), StoreError>;
+    fn load_cache_ttls(&self) -> Result<Vec<CacheTtlRecord>, StoreError>;
+    fn put_cache_ttl(&self, record: &CacheTtlRecord) -> Result<(), StoreError>;
+    fn delete_cache_ttl(&self, path: &str) -> Result<(), StoreError>;
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -115,6 +119,7 @@ impl RedbStore {
         txn.open_table(TOKENS).map_err(db_err)?;
         txn.open_table(PENDING).map_err(db_err)?;
         txn.open_table(PINS).map_err(db_err)?;
+        txn.open_table(CACHE_TTLS).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db: Mutex::new(Some(db)) })
     }
@@ -257,6 +262,18 @@ impl MetaStore for RedbStore {
         self.delete(PINS, path)
     }
 
+    fn load_cache_ttls(&self) -> Result<Vec<CacheTtlRecord>, StoreError> {
+        self.load_all(CACHE_TTLS)
+    }
+
+    fn put_cache_ttl(&self, record: &CacheTtlRecord) -> Result<(), StoreError> {
+        self.put(CACHE_TTLS, &record.path, record)
+    }
+
+    fn delete_cache_ttl(&self, path: &str) -> Result<(), StoreError> {
+        self.delete(CACHE_TTLS, path)
+    }
+
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -270,6 +287,7 @@ pub(crate) struct MemStore {
     pub workers: Mutex<std::collections::BTreeMap<String, WorkerEntry>>,
     pub pending: Mutex<std::collections::BTreeMap<String, PendingRecord>>,
     pub pins: Mutex<std::collections::BTreeMap<String, PinRecord>>,
+    pub cache_ttls: Mutex<std::collections::BTreeMap<String, CacheTtlRecord>>,
     pub deposed: std::sync::atomic::AtomicBool,
 }
 
@@ -359,6 +377,19 @@ impl MetaStore for MemStore {
     fn delete_pin(&self, path: &str) -> Result<(), StoreError> {
         self.write()?;
         self.pins.lock().unwrap().remove(path);
+        Ok(())
+    }
+    fn load_cache_ttls(&self) -> Result<Vec<CacheTtlRecord>, StoreError> {
+        Ok(self.cache_ttls.lock().unwrap().values().cloned().collect())
+    }
+    fn put_cache_ttl(&self, record: &CacheTtlRecord) -> Result<(), StoreError> {
+        self.write()?;
+        self.cache_ttls.lock().unwrap().insert(record.path.clone(), record.clone());
+        Ok(())
+    }
+    fn delete_cache_ttl(&self, path: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.cache_ttls.lock().unwrap().remove(path);
         Ok(())
     }
     fn close(&self) {}

@@ -391,6 +391,12 @@ pub async fn run(
                     writeback.drop_journal(&id);
                 }
                 if resp.pins_included {
+                    pins.replace_cache_ttls(
+                        resp.cache_ttls
+                            .iter()
+                            .map(|r| (r.ufs_prefix.clone(), Duration::from_millis(r.cache_ttl_ms)))
+                            .collect(),
+                    );
                     pins.replace(resp.pins_epoch, resp.pins.iter().map(pin_rule).collect());
                 }
                 if resp.last_free != pins.frees_applied() {

@@ -17,6 +17,9 @@ use crate::tier::{Tier, TierKind};
 pub struct PinSet {
     epoch: AtomicU64,
     rules: RwLock<Vec<(String, TierKind)>>,
+    /// Paths' cache TTLs (`strata ttl set`), as (UFS prefix, TTL); they come and go with the
+    /// pins' epoch.
+    cache_ttls: RwLock<Vec<(String, std::time::Duration)>>,
     /// The last free applied (the master's sequence), 0 before the first heartbeat answer.
     frees_applied: AtomicU64,
 }
@@ -61,6 +64,26 @@ impl PinSet {
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = rules;
         self.epoch.store(epoch, Ordering::Release);
         info!(epoch, pins = n, "pins updated");
+    }
+
+    /// Takes the master's whole list of paths' cache TTLs (with the pins of the same epoch).
+    pub fn replace_cache_ttls(&self, rules: Vec<(String, std::time::Duration)>) {
+        *self.cache_ttls.write().unwrap_or_else(|p| p.into_inner()) = rules;
+    }
+
+    /// The cache TTL of the most specific path rule holding `key`, with the length of its
+    /// prefix (so the caller can weigh it against a mount's own `cache_ttl`).
+    pub fn cache_ttl(&self, key: &BlockKey) -> Option<(usize, std::time::Duration)> {
+        let rules = self.cache_ttls.read().unwrap_or_else(|p| p.into_inner());
+        rules
+            .iter()
+            .filter(|(prefix, _)| identity_under(prefix, &key.file))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map(|(prefix, ttl)| (prefix.len(), *ttl))
+    }
+
+    pub fn has_cache_ttls(&self) -> bool {
+        !self.cache_ttls.read().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     pub fn frees_applied(&self) -> u64 {

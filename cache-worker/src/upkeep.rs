@@ -178,7 +178,9 @@ impl Upkeep {
         let now = self.clock.now();
         let rules = self.rules.rules();
         let mut swept = Swept::default();
-        if rules.iter().any(|r| r.cache_ttl.is_some() || r.quota_share.is_some()) {
+        if self.pins.has_cache_ttls()
+            || rules.iter().any(|r| r.cache_ttl.is_some() || r.quota_share.is_some())
+        {
             self.expire(&rules, now, &mut swept.expired).await;
             self.enforce_quotas(&rules, &mut swept).await;
         } else {
@@ -215,9 +217,7 @@ impl Upkeep {
             for (tier, _) in &self.tiers {
                 let kind = tier.kind();
                 for (key, size) in tier.keys() {
-                    let Some(ttl) = rule_of(rules, &key).and_then(|i| rules[i].cache_ttl) else {
-                        continue;
-                    };
+                    let Some(ttl) = self.cache_ttl_of(rules, &key) else { continue };
                     let at = *seen.entry((kind, key.clone())).or_insert(now);
                     if now.duration_since(at) >= ttl && !self.pins.is_pinned(&key, kind) {
                         due.push((tier.clone(), key.clone(), size));
@@ -239,6 +239,18 @@ impl Upkeep {
                     warn!(block = %key, tier = tier.kind().label(), err = %e, "cannot drop an expired block")
                 }
             }
+        }
+    }
+
+    /// A block's cache TTL: the most specific path rule's (`strata ttl set`), else its mount's
+    /// `cache_ttl`. A path rule on the mount point itself wins over the mount option.
+    fn cache_ttl_of(&self, rules: &[MountRule], key: &BlockKey) -> Option<Duration> {
+        let mount = rule_of(rules, key).map(|i| &rules[i]);
+        match (self.pins.cache_ttl(key), mount) {
+            (Some((len, ttl)), Some(m)) if len >= m.prefix.trim_end_matches('/').len() => Some(ttl),
+            (Some(_), Some(m)) => m.cache_ttl,
+            (Some((_, ttl)), None) => Some(ttl),
+            (None, m) => m.and_then(|m| m.cache_ttl),
         }
     }
 
@@ -396,6 +408,39 @@ mod tests {
         pins.replace(2, Vec::new());
         assert_eq!(upkeep.sweep().await.expired.blocks, 3, "unpinned blocks past their TTL go");
         assert_eq!(tier.usage().used_bytes, 2 * KIB, "the other mount's blocks stay");
+    }
+
+    #[tokio::test]
+    async fn a_paths_cache_ttl_wins_over_its_mounts_and_applies_where_the_mount_has_none() {
+        let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(100 * KIB));
+        let clock = ManualClock::new();
+        let pins = PinSet::new();
+        let rules = || {
+            vec![
+                MountRule::new("/m", "s3://b/m", Some(Duration::from_secs(600)), None, 1.0),
+                MountRule::new("/n", "s3://b/n", None, None, 1.0),
+            ]
+        };
+        let upkeep = Upkeep::new(&[tier.clone()], &marks(100, 100), pins.clone(), rules, clock.clone());
+        for (uri, file) in
+            [("s3://b/m", "fast/a"), ("s3://b/m", "slow/a"), ("s3://b/n", "x/a"), ("s3://b/n", "y/a")]
+        {
+            tier.put(&key(uri, file, 0), Bytes::from(vec![1; KIB as usize])).await.unwrap();
+        }
+        pins.replace_cache_ttls(vec![
+            (identity_prefix("s3://b/m", "fast"), Duration::from_secs(60)),
+            (identity_prefix("s3://b/n", "x"), Duration::from_secs(60)),
+        ]);
+        assert_eq!(upkeep.sweep().await.expired.blocks, 0);
+        clock.advance(Duration::from_secs(61));
+        assert_eq!(upkeep.sweep().await.expired.blocks, 2, "m/fast and n/x, by their paths' TTL");
+        assert!(!tier.contains(&key("s3://b/m", "fast/a", 0)) && !tier.contains(&key("s3://b/n", "x/a", 0)));
+        assert!(tier.contains(&key("s3://b/m", "slow/a", 0)), "the mount's 10 minutes hold for the rest");
+        // A rule on the mount point itself overrides the mount's option.
+        pins.replace_cache_ttls(vec![(identity_prefix("s3://b/m", ""), Duration::from_secs(3600))]);
+        clock.advance(Duration::from_secs(600));
+        assert_eq!(upkeep.sweep().await.expired.blocks, 0, "an hour now, not 10 minutes");
+        assert!(tier.contains(&key("s3://b/n", "y/a", 0)), "no TTL at all");
     }
 
     #[tokio::test]

@@ -12,7 +12,9 @@ use strata_ufs::OpendalFactory;
 use strata_worker::{Worker, WorkerConfig};
 use tokio::io::AsyncReadExt;
 
-use crate::{Cli, Command, MasterArgs, MountCommand, StandaloneArgs, TlsArgs, TokenCommand, WorkerArgs};
+use crate::{
+    Cli, Command, MasterArgs, MountCommand, StandaloneArgs, TlsArgs, TokenCommand, TtlCommand, WorkerArgs,
+};
 
 /// The client TLS settings of this invocation (`--tls-*` over `STRATA_TLS_*`), set once in `run`.
 static CLIENT_TLS: std::sync::OnceLock<TlsConfig> = std::sync::OnceLock::new();
@@ -55,6 +57,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Pins { json } => pins(&t, json).await,
+        Command::Ttl(cmd) => ttl_command(&t, cmd).await,
         Command::Free { path, wait } => free(&t, &path, &wait).await,
         Command::Warmup(args) => crate::warmup::warmup(&connect(&t).await?, args).await,
         Command::Job(cmd) => crate::warmup::job(&connect(&t).await?, cmd).await,
@@ -429,6 +432,24 @@ fn pins_covering<'p>(pins: &'p [strata_client::PinInfo], path: &str) -> Vec<&'p 
     covering
 }
 
+/// The cache TTL that applies at `path` and what set it: the most specific path TTL (`ttl
+/// /p`), else its mount's `cache_ttl` option (`mount /m`). `None` when neither, or when the
+/// master cannot say.
+async fn effective_cache_ttl(client: &Client, path: &str) -> Option<(u64, String)> {
+    let under = |root: &str| {
+        let root = root.trim_end_matches('/');
+        path == root || root.is_empty() || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
+    };
+    let ttls = client.cache_ttls().await.unwrap_or_default();
+    if let Some(t) = ttls.iter().filter(|t| under(&t.path)).max_by_key(|t| t.path.len()) {
+        return Some((t.cache_ttl_ms, format!("ttl {}", t.path)));
+    }
+    let mounts = client.mounts().await.ok()?;
+    let mount = mounts.iter().filter(|m| under(&m.path)).max_by_key(|m| m.path.len())?;
+    let ttl = strata_common::units::parse_duration(mount.options.get("cache_ttl")?)?;
+    Some((ttl.as_millis() as u64, format!("mount {}", mount.path)))
+}
+
 async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<()> {
     let client = connect(target).await?;
     let f = client.stat_with(path, sync).await?;
@@ -436,6 +457,7 @@ async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<
     // master) still gets the file's status.
     let pins = client.pins().await.unwrap_or_default();
     let covering = pins_covering(&pins, &f.path);
+    let cache_ttl = effective_cache_ttl(&client, &f.path).await;
     if as_json {
         let mut v = info_json(&f);
         let pins: Vec<_> = covering
@@ -446,6 +468,8 @@ async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<
             })
             .collect();
         v.as_object_mut().expect("object").insert("pinned_by".into(), pins.into());
+        let ttl = cache_ttl.map(|(ms, by)| json!({"cache_ttl_ms": ms, "set_by": by}));
+        v.as_object_mut().expect("object").insert("cache_ttl".into(), ttl.into());
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         outln!("path:       {}", f.path)?;
@@ -468,6 +492,10 @@ async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<
                 format!(" until {}", unix_ms_text(p.expires_unix_ms))
             };
             outln!("pinned:     {} by {}{until}", strata_client::pin_tier_name(p.tier), p.path)?;
+        }
+        if let Some((ms, by)) = &cache_ttl {
+            let ttl = strata_common::units::format_duration(std::time::Duration::from_millis(*ms));
+            outln!("cache ttl:  {ttl} ({by})")?;
         }
     }
     Ok(())
@@ -600,6 +628,45 @@ async fn pins(target: &Target, as_json: bool) -> Result<()> {
             let until =
                 if p.expires_unix_ms == 0 { "-".to_string() } else { unix_ms_text(p.expires_unix_ms) };
             outln!("{:<6} {:>14}  {:<25}  {}", strata_client::pin_tier_name(p.tier), p.bytes, until, p.path)?;
+        }
+    }
+    Ok(())
+}
+
+async fn ttl_command(target: &Target, cmd: TtlCommand) -> Result<()> {
+    let client = connect(target).await?;
+    match cmd {
+        TtlCommand::Set { path, ttl } => {
+            let d = strata_common::units::parse_duration(&ttl)
+                .filter(|d| !d.is_zero())
+                .with_context(|| format!("TTL {ttl:?}: expected a duration such as 30m, 12h or 7d"))?;
+            let r = client.set_cache_ttl(&path, Some(d)).await?;
+            eprintln!(
+                "blocks under {} now leave the cache {} after a worker stores them",
+                r.path,
+                strata_common::units::format_duration(d)
+            );
+        }
+        TtlCommand::Clear { path } => {
+            let r = client.set_cache_ttl(&path, None).await?;
+            eprintln!("cleared the cache TTL of {}", r.path);
+        }
+        TtlCommand::Ls { json } => {
+            let ttls = client.cache_ttls().await?;
+            let text = |ms: u64| strata_common::units::format_duration(std::time::Duration::from_millis(ms));
+            if json {
+                let items: Vec<_> = ttls
+                    .iter()
+                    .map(|t| json!({"path": t.path, "cache_ttl_ms": t.cache_ttl_ms, "cache_ttl": text(t.cache_ttl_ms), "created_unix_ms": t.created_unix_ms}))
+                    .collect();
+                outln!("{}", serde_json::to_string_pretty(&items)?)?;
+            } else if ttls.is_empty() {
+                eprintln!("no path has a cache TTL of its own (mounts may: strata mount ls)");
+            } else {
+                for t in &ttls {
+                    outln!("{:<8} {}", text(t.cache_ttl_ms), t.path)?;
+                }
+            }
         }
     }
     Ok(())

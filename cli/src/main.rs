@@ -181,6 +181,10 @@ enum Command {
         #[arg(long, default_value = "10s")]
         wait: String,
     },
+    /// Cache TTLs of paths: workers drop a block under the path that long after they stored
+    /// it (a path's TTL wins over its mount's `-o cache_ttl`). See docs/CACHE_CONTROL.md.
+    #[command(subcommand)]
+    Ttl(TtlCommand),
     /// Show which workers (and the nodes they run on) hold the cached blocks of the files
     /// under PATH — a file, or a directory and everything below it — from the master's block
     /// map: blocks and bytes per worker, most first, and how much of PATH is cached at all.
@@ -209,6 +213,23 @@ enum Command {
     /// Tokens and their roles (admin): create, ls, revoke. See docs/SECURITY.md.
     #[command(subcommand)]
     Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TtlCommand {
+    /// Set the cache TTL of the files at or under PATH (e.g. `strata ttl set /data/tmp 6h`).
+    Set {
+        path: String,
+        /// How long a worker keeps a block after storing it: 30m, 12h, 7d.
+        ttl: String,
+    },
+    /// Clear PATH's own cache TTL (its mount's `cache_ttl`, if any, applies again).
+    Clear { path: String },
+    /// List paths with their own cache TTL.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]

@@ -62,7 +62,7 @@ pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
-pub use strata_proto::{FreeResponse, LocateResponse, PinInfo, PinTier, WorkerLocality};
+pub use strata_proto::{CacheTtlInfo, FreeResponse, LocateResponse, PinInfo, PinTier, WorkerLocality};
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
 pub use strata_proto::{PendingFile, PersistState};
 pub use strata_security::tls::TlsConfig;
@@ -1276,6 +1276,21 @@ impl Client {
     pub async fn unpin(&self, path: &str) -> Result<PinInfo> {
         let req = strata_proto::UnpinRequest { path: path.to_string() };
         Ok(self.master().unpin(req).await.map_err(self.rpc_err("unpin"))?.into_inner())
+    }
+
+    /// Sets the cache TTL of the blocks under `path` (a file or a directory): every worker drops
+    /// one that long after it stored it, whatever its mount's `cache_ttl`. `None` clears the
+    /// path's own TTL (`NotFound` when it has none).
+    pub async fn set_cache_ttl(&self, path: &str, ttl: Option<Duration>) -> Result<CacheTtlInfo> {
+        let cache_ttl_ms = ttl.map_or(0, |d| (d.as_millis() as u64).max(1));
+        let req = strata_proto::SetCacheTtlRequest { path: path.to_string(), cache_ttl_ms };
+        Ok(self.master().set_cache_ttl(req).await.map_err(self.rpc_err("set_cache_ttl"))?.into_inner())
+    }
+
+    /// Every path's own cache TTL.
+    pub async fn cache_ttls(&self) -> Result<Vec<CacheTtlInfo>> {
+        let list = self.master().list_cache_ttls(Empty {}).await.map_err(self.rpc_err("list_cache_ttls"))?;
+        Ok(list.into_inner().ttls)
     }
 
     pub async fn pins(&self) -> Result<Vec<PinInfo>> {

@@ -11,16 +11,16 @@ use strata_common::frame::{
 };
 use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
-    AddMountRequest, BlockLocations, BlockLocationsRequest, ClusterStatus, CommitWriteRequest,
-    CommitWriteResponse, CreateTokenRequest, CreateTokenResponse, DeleteRequest, Empty,
+    AddMountRequest, BlockLocations, BlockLocationsRequest, CacheTtlInfo, CacheTtlList, ClusterStatus,
+    CommitWriteRequest, CommitWriteResponse, CreateTokenRequest, CreateTokenResponse, DeleteRequest, Empty,
     FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, FreeRequest, FreeResponse,
     HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
     ListRequest, ListResponse, LoadTasks, LocateRequest, LocateResponse, Member, Membership, MkdirRequest,
     MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse,
     RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId,
-    ScheduleInfo, ScheduleList, ScheduleRequest, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse,
-    TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse, WorkerMountsRequest,
-    WorkerTokenTable, WorkerTokensRequest,
+    ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest, StatRequest, SubmitLoadRequest,
+    SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse,
+    WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -109,6 +109,8 @@ fake_master! {
     unpin(UnpinRequest) -> PinInfo;
     list_pins(Empty) -> PinList;
     free(FreeRequest) -> FreeResponse;
+    set_cache_ttl(SetCacheTtlRequest) -> CacheTtlInfo;
+    list_cache_ttls(Empty) -> CacheTtlList;
 }
 
 /// Answers every block read with an error frame of the kind its path names. A `BadFrame` is

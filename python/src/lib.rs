@@ -146,6 +146,14 @@ fn pin_dict<'py>(py: Python<'py>, p: &strata_client::PinInfo) -> PyResult<Bound<
     Ok(d)
 }
 
+fn cache_ttl_dict<'py>(py: Python<'py>, t: &strata_client::CacheTtlInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("path", &t.path)?;
+    d.set_item("ttl", t.cache_ttl_ms as f64 / 1000.0)?;
+    d.set_item("created", t.created_unix_ms as f64 / 1000.0)?;
+    Ok(d)
+}
+
 /// A write-back file not yet in the UFS, as `Client.sync` lists it.
 fn pending_dict<'py>(py: Python<'py>, f: &PendingFile) -> PyResult<Bound<'py, PyDict>> {
     // The names `info` uses (`Persist::as_str`); a state newer than this build is "unknown",
@@ -553,6 +561,28 @@ impl Client {
     fn unpin<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
         let p = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.unpin(path)).map_err(to_py)))?;
         pin_dict(py, &p)
+    }
+
+    /// `ttl_secs` 0 clears the path's own TTL.
+    fn set_cache_ttl<'py>(&self, py: Python<'py>, path: &str, ttl_secs: f64) -> PyResult<Bound<'py, PyDict>> {
+        if !ttl_secs.is_finite() || ttl_secs < 0.0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "ttl {ttl_secs}: expected seconds >= 0"
+            )));
+        }
+        let ttl = (ttl_secs > 0.0).then(|| std::time::Duration::from_secs_f64(ttl_secs));
+        let t =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.set_cache_ttl(path, ttl)).map_err(to_py)))?;
+        cache_ttl_dict(py, &t)
+    }
+
+    fn cache_ttls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ttls = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.cache_ttls()).map_err(to_py)))?;
+        let out = PyList::empty(py);
+        for t in &ttls {
+            out.append(cache_ttl_dict(py, t)?)?;
+        }
+        Ok(out)
     }
 
     fn pins<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {

@@ -214,6 +214,16 @@ class StrataFileSystem(AbstractFileSystem):
         """Every pin, as dicts (see ``pin``)."""
         return self._client.pins()
 
+    def set_cache_ttl(self, path, ttl):
+        """Workers drop the cached blocks of the files under ``path`` ``ttl`` seconds after they
+        stored them, whatever the mount's ``cache_ttl``; ``ttl=None`` clears the path's own TTL
+        (``FileNotFoundError`` if it has none). Returns ``{"path", "ttl", "created"}``."""
+        return self._client.set_cache_ttl(self._strip_protocol(path), float(ttl or 0))
+
+    def cache_ttls(self):
+        """Every path's own cache TTL, as dicts (see ``set_cache_ttl``)."""
+        return self._client.cache_ttls()
+
     def free(self, path, wait=10.0):
         """Drops the cached blocks of the files under ``path`` from every worker now (waiting up
         to ``wait`` seconds for all of them); nothing is read from the UFS until they are read

@@ -415,3 +415,17 @@ def test_pin_unpin_free(fs, mount):
     assert fs.cat_file(path) == data  # read again from the UFS, the same bytes
     with pytest.raises(ValueError, match="tier"):
         fs.pin(path, tier="tape")
+
+
+def test_cache_ttl_set_list_clear(fs, mount):
+    path = unique(mount) + "-ttl"
+    fs.pipe_file(path + "/a.bin", rand(1000))
+    t = fs.set_cache_ttl(path, 6 * 3600)
+    assert t["path"] == path and t["ttl"] == 6 * 3600 and t["created"] > 0
+    assert any(x["path"] == path and x["ttl"] == 6 * 3600 for x in fs.cache_ttls())
+    fs.set_cache_ttl(path, None)
+    assert all(x["path"] != path for x in fs.cache_ttls())
+    with pytest.raises(FileNotFoundError):
+        fs.set_cache_ttl(path, None)
+    with pytest.raises(ValueError, match="ttl"):
+        fs.set_cache_ttl(path, -1)

@@ -63,6 +63,8 @@ const RPCS: &[(&str, Access)] = &[
     ("Unpin", Access::Admin),
     ("ListPins", Access::Any),
     ("Free", Access::Admin),
+    ("SetCacheTtl", Access::Admin),
+    ("ListCacheTtls", Access::Any),
 ];
 
 /// Calls `rpc` with a request that would change something if it were allowed.
@@ -157,6 +159,10 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
         "Unpin" => c.unpin(UnpinRequest { path: p }).await.map(drop),
         "ListPins" => c.list_pins(Empty {}).await.map(drop),
         "Free" => c.free(FreeRequest { path: p, wait_ms: 1 }).await.map(drop),
+        "SetCacheTtl" => {
+            c.set_cache_ttl(strata_proto::SetCacheTtlRequest { path: p, cache_ttl_ms: 1000 }).await.map(drop)
+        }
+        "ListCacheTtls" => c.list_cache_ttls(Empty {}).await.map(drop),
         other => panic!("no call for {other}"),
     }
 }
@@ -183,7 +189,8 @@ async fn snapshot(cluster: &Cluster) -> String {
         admin.status(Empty {}).await.unwrap().into_inner().workers.into_iter().map(|w| w.id).collect();
     let files: Vec<String> = walkdir(cluster.ufs.dir());
     let pins = admin.list_pins(Empty {}).await.unwrap().into_inner().pins;
-    format!("{mounts:?}\n{jobs:?}\n{schedules:?}\n{tokens:?}\n{workers:?}\n{files:?}\n{pins:?}")
+    let ttls = admin.list_cache_ttls(Empty {}).await.unwrap().into_inner().ttls;
+    format!("{mounts:?}\n{jobs:?}\n{schedules:?}\n{tokens:?}\n{workers:?}\n{files:?}\n{pins:?}\n{ttls:?}")
 }
 
 fn walkdir(dir: &std::path::Path) -> Vec<String> {

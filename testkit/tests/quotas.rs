@@ -151,3 +151,43 @@ async fn a_full_nvme_tier_is_evicted_to_its_low_watermark() {
     assert!(nvme().blocks >= 9, "evicted to the low watermark, not emptied: {:?}", nvme());
     read_each(&client, &data).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paths_cache_ttl_expires_its_blocks_alone_and_survives_a_master_restart() {
+    let mut cluster = Cluster::start(options(&[])).await;
+    let client = cluster.client().await;
+    let short = files(&cluster, "/data", "short", 4, 300);
+    let long = files(&cluster, "/data", "long", 4, 400);
+    let ttl = client.set_cache_ttl("/data/short", Some(Duration::from_secs(2))).await.unwrap();
+    assert_eq!((ttl.path.as_str(), ttl.cache_ttl_ms), ("/data/short", 2_000));
+    // Durable: a restarted master lists it and hands it to the workers again.
+    cluster.stop_master().await;
+    cluster.start_master().await;
+    cluster.wait_for_live_workers(3).await;
+    let client = cluster.client().await;
+    let ttls = client.cache_ttls().await.unwrap();
+    assert_eq!(
+        ttls.iter().map(|t| (t.path.as_str(), t.cache_ttl_ms)).collect::<Vec<_>>(),
+        [("/data/short", 2_000)]
+    );
+
+    read_each(&client, &short).await;
+    read_each(&client, &long).await;
+    cluster.flush().await;
+    eventually("the blocks under /data/short expire", Duration::from_secs(20), || async {
+        held(&cluster, "/short/").iter().all(|b| *b == 0)
+    })
+    .await;
+    let before = cluster.ufs_reads();
+    read_each(&client, &long).await;
+    assert_eq!(cluster.ufs_reads(), before, "/data/long has no TTL: still cached");
+    read_each(&client, &short).await;
+    assert_eq!(cluster.ufs_reads(), before + 4, "each expired block is read again, exact");
+
+    client.set_cache_ttl("/data/short", None).await.unwrap();
+    assert!(client.cache_ttls().await.unwrap().is_empty());
+    let e = client.set_cache_ttl("/data/short", None).await.unwrap_err();
+    assert_eq!(e.kind(), strata_common::ErrorKind::NotFound, "{e}");
+    let e = client.set_cache_ttl("/nowhere/x", Some(Duration::from_secs(5))).await.unwrap_err();
+    assert_eq!(e.kind(), strata_common::ErrorKind::NotFound, "a path under no mount: {e}");
+}

@@ -486,6 +486,18 @@ impl MetaStore for EtcdStore {
         self.etcd.delete(self.revision, "pins", path)
     }
 
+    fn load_cache_ttls(&self) -> Result<Vec<crate::pins::CacheTtlRecord>, StoreError> {
+        self.etcd.load_all("cache_ttls")
+    }
+
+    fn put_cache_ttl(&self, record: &crate::pins::CacheTtlRecord) -> Result<(), StoreError> {
+        self.etcd.put(self.revision, "cache_ttls", &record.path, record)
+    }
+
+    fn delete_cache_ttl(&self, path: &str) -> Result<(), StoreError> {
+        self.etcd.delete(self.revision, "cache_ttls", path)
+    }
+
     /// The connection outlives a term; it is closed with the master ([`Etcd::close`]).
     fn close(&self) {}
 }
