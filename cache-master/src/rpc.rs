@@ -560,7 +560,13 @@ impl MasterRpc for Rpc {
         let (mut blocks, mut bytes) = (0u64, 0u64);
         for f in self.files_under(&r.path).await.map_err(status(RPC))? {
             for (index, holders) in self.cluster.block_locations(&f.file_id, &f.version) {
-                let on_live = holders.iter().filter(|(w, _, _)| live.contains(w)).count() as u64;
+                // One copy per worker: a block in a worker's DRAM and on its NVMe is listed once
+                // per tier, but it is one block that worker drops.
+                let mut workers: Vec<&String> =
+                    holders.iter().map(|(w, _, _)| w).filter(|w| live.contains(*w)).collect();
+                workers.sort_unstable();
+                workers.dedup();
+                let on_live = workers.len() as u64;
                 blocks += on_live;
                 bytes += on_live * strata_common::block::block_len(f.size, f.block_size, index);
             }

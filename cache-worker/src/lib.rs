@@ -277,13 +277,16 @@ impl Worker {
         let pins = pins::PinSet::new();
         let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
         pins.install(&tiers);
-        let upkeep = Arc::new(upkeep::Upkeep::new(
-            &tiers,
-            &config.watermarks,
-            pins.clone(),
-            upkeep::cluster_rules(blocks.mounts().clone(), view.clone(), worker_id.clone()),
-            clock.clone(),
-        ));
+        let upkeep = Arc::new(
+            upkeep::Upkeep::new(
+                &tiers,
+                &config.watermarks,
+                pins.clone(),
+                upkeep::cluster_rules(blocks.mounts().clone(), view.clone(), worker_id.clone()),
+                clock.clone(),
+            )
+            .awaiting_master_pins(),
+        );
         let upkeep_task = tokio::spawn(upkeep::run(
             upkeep.clone(),
             Duration::from_millis(config.upkeep_interval_ms),

@@ -138,6 +138,9 @@ pub struct Upkeep {
     first_seen: Mutex<HashMap<(TierKind, BlockKey), Instant>>,
     /// The last sweep's per-mount bytes, for heartbeats.
     last: Mutex<Vec<(String, u64)>>,
+    /// Sweep only once the master's pins arrived (a worker): until then nothing says which
+    /// blocks a restarted worker must keep.
+    await_pins: bool,
 }
 
 impl Upkeep {
@@ -165,7 +168,14 @@ impl Upkeep {
             clock,
             first_seen: Mutex::default(),
             last: Mutex::default(),
+            await_pins: false,
         }
+    }
+
+    /// Makes sweeps wait for the first pins list from the master ([`PinSet::epoch`] > 0).
+    pub fn awaiting_master_pins(mut self) -> Self {
+        self.await_pins = true;
+        self
     }
 
     /// Each mount's bytes in this worker's tiers at the last sweep (mounts with a quota or a
@@ -175,6 +185,9 @@ impl Upkeep {
     }
 
     pub async fn sweep(&self) -> Swept {
+        if self.await_pins && self.pins.epoch() == 0 {
+            return Swept::default();
+        }
         let now = self.clock.now();
         let rules = self.rules.rules();
         let mut swept = Swept::default();
@@ -365,8 +378,13 @@ mod tests {
     #[tokio::test]
     async fn a_tier_above_its_high_watermark_is_evicted_to_its_low_one_in_policy_order() {
         let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(10 * KIB));
-        let upkeep =
-            Upkeep::new(&[tier.clone()], &marks(90, 60), PinSet::new(), Vec::new, ManualClock::new());
+        let upkeep = Upkeep::new(
+            std::slice::from_ref(&tier),
+            &marks(90, 60),
+            PinSet::new(),
+            Vec::new,
+            ManualClock::new(),
+        );
         fill(&tier, "s3://b/a", 9).await;
         assert_eq!(upkeep.sweep().await, Swept::default(), "at 90 %, not above it");
         fill(&tier, "s3://b/b", 1).await;
@@ -375,6 +393,27 @@ mod tests {
         assert_eq!(tier.usage().used_bytes, 6 * KIB);
         // S3-FIFO without hits evicts the oldest first.
         assert!(!tier.contains(&key("s3://b/a", "f", 0)) && tier.contains(&key("s3://b/a", "f", 4)));
+    }
+
+    #[tokio::test]
+    async fn a_worker_sweeps_nothing_before_it_knows_the_pins() {
+        let tier: Arc<dyn Tier> = Arc::new(MemoryTier::new(10 * KIB));
+        let pins = PinSet::new();
+        pins.install(std::slice::from_ref(&tier));
+        let upkeep = Upkeep::new(
+            std::slice::from_ref(&tier),
+            &marks(50, 50),
+            pins.clone(),
+            Vec::new,
+            ManualClock::new(),
+        )
+        .awaiting_master_pins();
+        fill(&tier, "s3://b/a", 10).await;
+        assert_eq!(upkeep.sweep().await, Swept::default(), "a restarted worker's pinned blocks wait");
+        pins.replace(3, vec![(identity_prefix("s3://b/a", "f"), TierKind::Memory)]);
+        assert_eq!(upkeep.sweep().await.watermark.blocks, 0, "now known: pinned, so kept");
+        pins.replace(4, Vec::new());
+        assert_eq!(upkeep.sweep().await.watermark.blocks, 5);
     }
 
     #[tokio::test]
@@ -389,7 +428,8 @@ mod tests {
                 MountRule::new("/keep", "s3://b/keep", None, None, 1.0),
             ]
         };
-        let upkeep = Upkeep::new(&[tier.clone()], &marks(100, 100), pins.clone(), rules, clock.clone());
+        let upkeep =
+            Upkeep::new(std::slice::from_ref(&tier), &marks(100, 100), pins.clone(), rules, clock.clone());
         fill(&tier, "s3://b/ttl", 3).await;
         fill(&tier, "s3://b/keep", 2).await;
         pins.replace(1, vec![(identity_prefix("s3://b/ttl", "f"), TierKind::Memory)]);
@@ -421,7 +461,8 @@ mod tests {
                 MountRule::new("/n", "s3://b/n", None, None, 1.0),
             ]
         };
-        let upkeep = Upkeep::new(&[tier.clone()], &marks(100, 100), pins.clone(), rules, clock.clone());
+        let upkeep =
+            Upkeep::new(std::slice::from_ref(&tier), &marks(100, 100), pins.clone(), rules, clock.clone());
         for (uri, file) in
             [("s3://b/m", "fast/a"), ("s3://b/m", "slow/a"), ("s3://b/n", "x/a"), ("s3://b/n", "y/a")]
         {

@@ -215,6 +215,89 @@ fn locate_reports_the_worker_and_node_holding_a_path() {
     assert!(stderr(&o).contains("not under any mount"), "{}", stderr(&o));
 }
 
+/// `strata ttl` sets, lists and clears a path's cache TTL; `strata stat` shows the pins and
+/// the cache TTL in force at a path (the path's own, else its mount's); `strata status` lists
+/// a mount with a quota and a TTL and what the workers hold of it.
+#[test]
+fn ttl_stat_and_status_show_cache_control() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ufs.path().join("sub/tmp")).unwrap();
+    std::fs::write(ufs.path().join("sub/tmp/a.bin"), vec![7u8; 3_000]).unwrap();
+    std::fs::write(ufs.path().join("sub/b.bin"), vec![8u8; 1_000]).unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let mount = format!("/d=file://{}", ufs.path().display());
+    let _node = start_standalone(state.path(), &master, &mount);
+    let uri = format!("file://{}/sub", ufs.path().display());
+    let o = run(&master, &["mount", "add", "/q", &uri, "-o", "quota=64MiB", "-o", "cache_ttl=7d"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let o = run(&master, &["ttl", "set", "/q/tmp", "6h"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("6h"), "{}", stderr(&o));
+    let o = run(&master, &["ttl", "ls", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v[0]["path"].as_str(), v[0]["cache_ttl_ms"].as_u64()),
+        (Some("/q/tmp"), Some(21_600_000)),
+        "{v}"
+    );
+    let o = run(&master, &["pin", "/q/tmp", "--tier", "memory"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let o = run(&master, &["stat", "/q/tmp/a.bin"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("pinned:     memory by /q/tmp"), "{text}");
+    assert!(text.contains("cache ttl:  6h (ttl /q/tmp)"), "{text}");
+    let o = run(&master, &["stat", "/q/b.bin"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("cache ttl:  7d (mount /q)") && !text.contains("pinned:"), "{text}");
+    let o = run(&master, &["stat", "--json", "/q/tmp/a.bin"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["pinned_by"][0]["tier"], "memory", "{v}");
+    assert_eq!(v["cache_ttl"]["cache_ttl_ms"], 21_600_000, "{v}");
+
+    let cat = run(&master, &["cat", "/q/b.bin"]);
+    assert!(cat.status.success(), "{}", stderr(&cat));
+    // The worker reports what it holds of /q with its heartbeats, after its upkeep counted it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let o = run(&master, &["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if v["mount_quotas"][0]["cached_bytes"].as_u64() >= Some(1_000) || Instant::now() > deadline {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let q = &v["mount_quotas"][0];
+    assert_eq!((q["path"].as_str(), q["quota_bytes"].as_u64()), (Some("/q"), Some(64 << 20)), "{v}");
+    assert_eq!(q["cache_ttl_ms"].as_u64(), Some(7 * 86_400_000), "{v}");
+    assert!(q["cached_bytes"].as_u64() >= Some(1_000), "{v}");
+    let o = run(&master, &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("mount /q: ")
+            && l.contains("of quota 67108864")
+            && l.contains("cache_ttl 7d")),
+        "{text}"
+    );
+
+    let o = run(&master, &["ttl", "clear", "/q/tmp"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&master, &["ttl", "clear", "/q/tmp"]);
+    assert!(!o.status.success() && stderr(&o).contains("no cache TTL"), "{}", stderr(&o));
+    for (args, expected) in [
+        (vec!["ttl", "set", "/q/tmp", "soon"], "expected a duration"),
+        (vec!["ttl", "set", "/nowhere/x", "1h"], "not under any mount"),
+        (vec!["mount", "add", "/bad", "file:///tmp", "-o", "quota=lots"], "quota"),
+        (vec!["mount", "add", "/bad", "file:///tmp", "-o", "cache_ttl=0"], "cache_ttl"),
+    ] {
+        let o = run(&master, &args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
+    }
+}
+
 /// A log written to a file (`2> strata.log`, a service manager's capture) is plain text: colour
 /// codes are for a terminal only.
 #[test]

@@ -47,7 +47,7 @@ pub fn format_duration(d: Duration) -> String {
         return "0".into();
     }
     for (unit, per) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms % per == 0 {
+        if ms.is_multiple_of(per) {
             return format!("{}{unit}", ms / per);
         }
     }
