@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 const DASHBOARD: &str = include_str!("../../k8s/grafana/strata-dashboard.json");
+const ALERTS: &str = include_str!("../../k8s/prometheus/strata-alerts.yaml");
 /// Where metric names are declared, once each (see docs/METRICS.md).
 const SOURCES: &[&str] = &[
     include_str!("../../cache-master/src/metrics_defs.rs"),
@@ -102,6 +103,30 @@ fn every_dashboard_expression_names_a_declared_and_documented_metric() {
     ] {
         assert!(used.contains(must), "the dashboard shows nothing of {must}");
     }
+}
+
+#[test]
+fn every_alert_names_a_declared_and_documented_metric_and_says_what_is_wrong() {
+    let declared = declared();
+    // One rule per `- alert:` line, up to the next.
+    let rules: Vec<&str> = ALERTS.split("      - alert: ").skip(1).collect();
+    assert!(rules.len() >= 6, "the rules were found ({})", rules.len());
+    for rule in rules {
+        let name = rule.lines().next().unwrap_or_default();
+        let expr = rule
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("expr: "))
+            .unwrap_or_else(|| panic!("{name} has no expr"));
+        assert!(rule.contains("summary: "), "{name} has no summary");
+        assert!(rule.contains("severity: "), "{name} has no severity");
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{name}: {expr} names no strata metric");
+        for metric in names {
+            assert!(declared.contains(&metric), "{name}: {metric} is not a metric any service declares");
+            assert!(METRICS_DOC.contains(&format!("`{metric}`")), "{name}: {metric} is not documented");
+        }
+    }
+    assert!(ALERTS.contains("strata_worker_nvme_write_errors_total"), "the full disk has an alert");
 }
 
 #[test]
