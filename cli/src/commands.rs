@@ -852,8 +852,9 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
     }
     for w in &s.workers {
         let c = w.counters.unwrap_or_default();
+        let node = if w.node.is_empty() { String::new() } else { format!(" node {}", w.node) };
         outln!(
-            "worker {} {} {} (heartbeat {} ms ago) blocks {} hits {} misses {} ufs bytes {}",
+            "worker {} {}{node} {} (heartbeat {} ms ago) blocks {} hits {} misses {} ufs bytes {}",
             w.id,
             w.data_addr,
             match (w.live, w.suspect) {

@@ -205,6 +205,10 @@ fn locate_reports_the_worker_and_node_holding_a_path() {
         (Some(2), Some(5_000_000))
     );
 
+    let o = run(&master, &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.lines().any(|l| l.starts_with("worker ") && l.contains(" node rack1-node7 ")), "{text}");
+
     let table = run(&master, &["locate", "/d/sub"]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("WORKER") && text.contains("NODE"), "{text}");
