@@ -267,6 +267,20 @@ impl BlockService {
         Ok(Some((bytes.slice(start..start + r.len as usize), source)))
     }
 
+    /// A block range for a read replica that missed it (`Op::PeerFetch`): from the tiers, or
+    /// fetched through the single flight every other miss of the block here shares. Not counted
+    /// as served (the asking replica serves its client). Write-back journals are not served
+    /// this way, as with [`cached_range`](Self::cached_range).
+    pub async fn fetched_range(&self, r: &BlockRead) -> Result<Option<(Bytes, Source)>, ServeError> {
+        if block::write_back_id(&r.version).is_some() {
+            return Ok(None);
+        }
+        let at = self.locate_range(r).await?;
+        let (bytes, source) = self.fetcher.block(&at, Durability::WriteBack).await?;
+        let start = r.offset as usize;
+        Ok(Some((bytes.slice(start..start + r.len as usize), source)))
+    }
+
     async fn read_bytes(&self, r: &BlockRead, at: &Located) -> Result<(Bytes, Source), ServeError> {
         let (bytes, source) = self.fetcher.block(at, Durability::WriteBack).await?;
         let start = r.offset as usize;

@@ -449,11 +449,18 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     }
                 }
             }
-            Ok((frame::Op::PeerRead, len)) => {
+            Ok((op @ (frame::Op::PeerRead | frame::Op::PeerFetch), len)) => {
                 if let Some(req) = read_body(&mut stream, len, ReadBlockRequest::decode_body).await? {
                     let allowed = plane.auth.check(&mut session, Access::Read, Some(&req.path));
+                    let answer = async {
+                        if op == frame::Op::PeerFetch {
+                            plane.blocks.fetched_range(&block_read(&req)).await
+                        } else {
+                            plane.blocks.cached_range(&block_read(&req)).await
+                        }
+                    };
                     match allowed {
-                        Ok(()) => match plane.blocks.cached_range(&block_read(&req)).await {
+                        Ok(()) => match answer.await {
                             Ok(Some((bytes, source))) => {
                                 send_data(&mut stream, req.req_id, source, &bytes).await?
                             }

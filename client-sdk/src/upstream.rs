@@ -117,6 +117,11 @@ pub const PEER_WINDOW: Duration = Duration::from_secs(600);
 /// Least time between two refreshes of the view forced by a miss on an unknown mount.
 const UNKNOWN_MOUNT_REFRESH: Duration = Duration::from_millis(200);
 
+/// How long a read replica waits for the block's first owner to fetch a block for it (see
+/// [`PeerUpstream`]): a UFS read there, which may be slow; past it the replica reads the UFS
+/// itself.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Most peers one miss asks before the UFS.
 const PEERS_ASKED: usize = 2;
 
@@ -166,8 +171,10 @@ impl PeerUpstream {
         self.client.read_replicas_for(path)
     }
 
-    /// The peers that may hold the block of a mount with `read_replicas`, most likely first.
-    async fn candidates(&self, hash: u64, read_replicas: usize) -> Vec<strata_common::Member> {
+    /// The peers that may hold the block of a mount with `read_replicas`, most likely first,
+    /// each with whether it is asked to fetch the block (the first owner, asked by another read
+    /// replica) rather than only to look in its tiers.
+    async fn candidates(&self, hash: u64, read_replicas: usize) -> Vec<(strata_common::Member, bool)> {
         let ring = match self.client.ring().await {
             Ok(ring) => ring,
             Err(_) => return Vec::new(),
@@ -208,7 +215,13 @@ impl PeerUpstream {
         {
             push(m);
         }
-        out
+        let first = ring.owners(hash, 1).first().map(|m| m.id.clone());
+        out.into_iter()
+            .map(|m| {
+                let forward = read_replicas > 1 && !mine && first.as_deref() == Some(m.id.as_str());
+                (m, forward)
+            })
+            .collect()
     }
 }
 
@@ -226,26 +239,33 @@ impl Upstream for PeerUpstream {
             offset: 0,
             len: read.len,
         };
-        let frame = req.encode_peer();
+        let (look, fetch) = (req.encode_peer(), req.encode_peer_fetch());
         let mut why = Vec::new();
         let read_replicas = self.read_replicas(read.path).await;
-        for peer in self.candidates(hash, read_replicas).await {
+        for (peer, forward) in self.candidates(hash, read_replicas).await {
             let dial = self.client.dial();
+            // Two read replicas missing one cold block at once would both read the UFS: the one
+            // that is not its first owner has the first owner fetch it instead (a plain read,
+            // which that worker's single flight shares with its own miss and any other).
+            let (frame, timeout) =
+                if forward { (&fetch, FORWARD_TIMEOUT) } else { (&look, self.request_timeout) };
             let answer = crate::transport::ask(
                 crate::transport::Via::Tcp,
                 &peer.data_addr,
-                &frame,
+                frame,
                 req.req_id,
                 read.len,
                 dial,
-                self.request_timeout,
+                timeout,
             )
             .await;
             match answer {
                 Ok(bytes) if bytes.len() as u64 == read.len => return Ok(bytes),
                 Ok(bytes) => why.push(format!("{}: {} bytes for {}", peer.id, bytes.len(), read.len)),
                 Err(e) => {
-                    if !matches!(e, crate::TransportError::Remote { .. }) {
+                    // A fetch that timed out may only have met a slow UFS.
+                    let slow_fetch = forward && matches!(e, crate::TransportError::Timeout { .. });
+                    if !slow_fetch && !matches!(e, crate::TransportError::Remote { .. }) {
                         // Down or frozen: not asked again for a while.
                         self.client.inner.health.failed(&peer.data_addr, tokio::time::Instant::now());
                     }

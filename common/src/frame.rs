@@ -97,6 +97,11 @@ pub enum Op {
     /// answered `not_found`, never fetched. What a new owner asks the block's previous owner
     /// before the UFS when the ring changed (peer fetch), so a peer's miss costs no UFS read.
     PeerRead = 12,
+    /// A block range a read replica asks the block's first owner for ([`ReadBlockRequest`]
+    /// body): answered from its tiers, or fetched through its single flight on a miss, so two
+    /// replicas missing one cold block at once read the UFS once. Not counted as bytes served
+    /// to clients.
+    PeerFetch = 16,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -159,6 +164,12 @@ impl ReadBlockRequest {
         self.encode_with(Op::PeerRead, 0)
     }
 
+    /// The same range asked of the block's first owner, fetched there on a miss
+    /// ([`Op::PeerFetch`]).
+    pub fn encode_peer_fetch(&self) -> Vec<u8> {
+        self.encode_with(Op::PeerFetch, 0)
+    }
+
     /// The same range asked for as a grant of `kind` ([`Op::OpenBlock`]).
     pub fn encode_open(&self, kind: GrantKind) -> Vec<u8> {
         let mut out = self.encode_with(Op::OpenBlock, 1);
@@ -217,6 +228,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         10 => Op::Stat,
         11 => Op::Auth,
         12 => Op::PeerRead,
+        16 => Op::PeerFetch,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -228,7 +240,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
         Op::View => 8,
         Op::Auth => MAX_AUTH_BODY,
-        Op::ReadBlock | Op::WriteBegin | Op::Stat | Op::PeerRead => MAX_REQUEST_BODY,
+        Op::ReadBlock | Op::WriteBegin | Op::Stat | Op::PeerRead | Op::PeerFetch => MAX_REQUEST_BODY,
         Op::OpenBlock => MAX_REQUEST_BODY + 1,
     };
     if body_len > limit {

@@ -328,6 +328,8 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
     };
     let frames: Vec<(&str, Vec<u8>, Access)> = vec![
         ("ReadBlock", read.encode(), Access::Read),
+        ("PeerRead", read.encode_peer(), Access::Read),
+        ("PeerFetch", read.encode_peer_fetch(), Access::Read),
         ("OpenBlock", OpenBlock { read: read.clone(), kind: GrantKind::Rdma }.encode(), Access::Read),
         (
             "WriteBegin",

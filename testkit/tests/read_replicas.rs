@@ -242,3 +242,41 @@ async fn locate_says_which_workers_and_nodes_hold_a_path() {
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     assert!(e.to_string().contains("not under any mount"), "{e}");
 }
+
+/// Two readers of one cold file at the same moment, each on the node of another of its read
+/// replicas, cost the UFS one read: the replica that is not the block's first owner has the
+/// first owner fetch it (one single flight there) instead of reading the UFS beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_cold_reads_through_both_replicas_read_the_ufs_once() {
+    let cluster = Cluster::start(options(&["node-0", "node-1", "node-2"])).await;
+    let on = |node: &str| {
+        let mut config = cluster.client_config();
+        config.node = Some(node.into());
+        Client::connect(config)
+    };
+    let (x, y) = (on("node-0").await.unwrap(), on("node-1").await.unwrap());
+    for c in [&x, &y] {
+        eventually("the client sees every worker's node", Duration::from_secs(10), || async {
+            c.refresh_view().await.is_ok()
+                && c.ring().await.is_ok_and(|r| r.members().iter().all(|m| m.node.starts_with("node-")))
+        })
+        .await;
+    }
+    let files = place(&cluster, &x, "cold", 40).await;
+    let both: Vec<&Placed> =
+        files.iter().filter(|f| f.owners[..2].contains(&0) && f.owners[..2].contains(&1)).collect();
+    assert!(both.len() >= 5, "{} files on workers 0 and 1", both.len());
+    // A slow store makes the two misses overlap.
+    cluster.faults().read_delay_ms.store(100, std::sync::atomic::Ordering::SeqCst);
+    let before = cluster.ufs_reads();
+    for f in &both {
+        let (a, b) = tokio::join!(x.read_all(&f.path), y.read_all(&f.path));
+        assert!(a.unwrap() == f.data && b.unwrap() == f.data, "{}: wrong bytes", f.path);
+    }
+    assert_eq!(cluster.ufs_reads() - before, both.len() as u64, "one UFS read per block");
+    assert_eq!(
+        x.local_reads() + y.local_reads(),
+        2 * both.len() as u64,
+        "each reader asked its own node first"
+    );
+}
