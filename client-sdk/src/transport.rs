@@ -814,6 +814,30 @@ pub(crate) async fn ask(
         .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }))
 }
 
+/// [`ask`] on a connection from `pool` (kept for the next ask when the exchange left it in
+/// sync): what workers ask each other for blocks (`PeerRead`, `PeerFetch`) often enough that a
+/// connection (and a TLS handshake) per ask would cost more than the answer.
+pub(crate) async fn ask_pooled(
+    pool: &TcpPool,
+    addr: &str,
+    frame: &[u8],
+    req_id: u64,
+    max: u64,
+    request_timeout: Duration,
+) -> Result<Bytes, TransportError> {
+    let exchange = async {
+        let mut stream = pool.checkout(addr).await?;
+        let answer = ask_on(&mut stream, addr, frame, req_id, max).await;
+        if reusable(&answer) {
+            pool.checkin(addr, stream);
+        }
+        answer
+    };
+    tokio::time::timeout(request_timeout, exchange)
+        .await
+        .unwrap_or_else(|_| Err(TransportError::Timeout { addr: addr.to_string() }))
+}
+
 async fn ask_on<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     addr: &str,
@@ -1055,5 +1079,67 @@ mod tests {
         assert!(got.unwrap_err().try_next_worker(), "another worker may have room");
         let not_found = answer(&error_frame(7, ErrorKind::NotFound, "x"), 7).await;
         assert!(!not_found.unwrap_err().try_next_worker(), "any worker would answer the same");
+    }
+
+    /// Peer asks share connections: ten asks of one worker, a miss among them, open one.
+    #[tokio::test]
+    async fn pooled_asks_reuse_one_connection_misses_included() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    loop {
+                        let mut head = [0u8; strata_common::frame::REQUEST_HEADER_LEN];
+                        if stream.read_exact(&mut head).await.is_err() {
+                            return;
+                        }
+                        let (_, len) = strata_common::frame::decode_request_header(&head).unwrap();
+                        let mut body = vec![0u8; len];
+                        stream.read_exact(&mut body).await.unwrap();
+                        let req = ReadBlockRequest::decode_body(&body).unwrap();
+                        let reply = if req.block_index == 3 {
+                            error_frame(req.req_id, ErrorKind::NotFound, "not cached here")
+                        } else {
+                            let head = ResponseHeader {
+                                status: Ok(Source::Memory),
+                                req_id: req.req_id,
+                                payload_len: 4,
+                            };
+                            [&head.encode()[..], b"data"].concat()
+                        };
+                        stream.write_all(&reply).await.unwrap();
+                    }
+                });
+            }
+        });
+        let pool = TcpPool::new(Duration::from_secs(2));
+        for index in 0..10 {
+            let req = ReadBlockRequest {
+                req_id: index + 1,
+                path: "/d/f".into(),
+                version: "v".into(),
+                file_size: 100,
+                block_size: 10,
+                block_index: index,
+                offset: 0,
+                len: 4,
+            };
+            let got =
+                ask_pooled(&pool, &addr, &req.encode_peer(), req.req_id, 4, Duration::from_secs(5)).await;
+            match index {
+                3 => assert!(
+                    matches!(got, Err(TransportError::Remote { kind: ErrorKind::NotFound, .. })),
+                    "{got:?}"
+                ),
+                _ => assert_eq!(got.unwrap(), Bytes::from_static(b"data")),
+            }
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for every ask");
     }
 }

@@ -101,6 +101,8 @@ pub struct PeerUpstream {
     request_timeout: Duration,
     /// When a miss on a mount this client did not know last made it refresh its view.
     refreshed_for_mount: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Connections to peers, kept between asks.
+    peers: crate::transport::TcpPool,
 }
 
 struct Rings {
@@ -139,11 +141,12 @@ impl PeerUpstream {
         let client = Client::connect(cluster_config(master_addr, token, request_timeout, tls)).await?;
         let rings = Rings { current: None, previous: None, changed_at: client.config().clock.now() };
         Ok(Self {
-            client,
             me: me.to_string(),
             rings: std::sync::Mutex::new(rings),
             request_timeout,
             refreshed_for_mount: std::sync::Mutex::new(None),
+            peers: crate::transport::TcpPool::new(client.dial().clone()),
+            client,
         })
     }
 
@@ -243,19 +246,17 @@ impl Upstream for PeerUpstream {
         let mut why = Vec::new();
         let read_replicas = self.read_replicas(read.path).await;
         for (peer, forward) in self.candidates(hash, read_replicas).await {
-            let dial = self.client.dial();
             // Two read replicas missing one cold block at once would both read the UFS: the one
             // that is not its first owner has the first owner fetch it instead (a plain read,
             // which that worker's single flight shares with its own miss and any other).
             let (frame, timeout) =
                 if forward { (&fetch, FORWARD_TIMEOUT) } else { (&look, self.request_timeout) };
-            let answer = crate::transport::ask(
-                crate::transport::Via::Tcp,
+            let answer = crate::transport::ask_pooled(
+                &self.peers,
                 &peer.data_addr,
                 frame,
                 req.req_id,
                 read.len,
-                dial,
                 timeout,
             )
             .await;
