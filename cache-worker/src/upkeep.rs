@@ -134,8 +134,12 @@ pub struct Upkeep {
     pins: Arc<PinSet>,
     rules: Box<dyn Rules>,
     clock: SharedClock,
-    /// When a sweep first saw each block of a TTL'd mount in each tier.
-    first_seen: Mutex<HashMap<(TierKind, BlockKey), Instant>>,
+    /// When a sweep first saw each block with a cache TTL in each tier, by its storage id (16
+    /// bytes a block however long its name).
+    first_seen: Mutex<HashMap<(TierKind, u128), Instant>>,
+    /// The next walk over every block (TTLs, quotas) is not before this: a walk costs time
+    /// under each tier's lock, so they are spaced to keep that under 1/20 of the time.
+    next_walk: Mutex<Option<Instant>>,
     /// The last sweep's per-mount bytes, for heartbeats.
     last: Mutex<Vec<(String, u64)>>,
     /// Sweep only once the master's pins arrived (a worker): until then nothing says which
@@ -167,6 +171,7 @@ impl Upkeep {
             rules: Box::new(rules),
             clock,
             first_seen: Mutex::default(),
+            next_walk: Mutex::default(),
             last: Mutex::default(),
             await_pins: false,
         }
@@ -191,12 +196,22 @@ impl Upkeep {
         let now = self.clock.now();
         let rules = self.rules.rules();
         let mut swept = Swept::default();
-        if self.pins.has_cache_ttls()
-            || rules.iter().any(|r| r.cache_ttl.is_some() || r.quota_share.is_some())
-        {
-            self.expire(&rules, now, &mut swept.expired).await;
-            self.enforce_quotas(&rules, &mut swept).await;
-        } else {
+        let wanted = self.pins.has_cache_ttls()
+            || rules.iter().any(|r| r.cache_ttl.is_some() || r.quota_share.is_some());
+        let due = self.next_walk.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|at| now >= at);
+        if wanted && due {
+            let started = std::time::Instant::now();
+            let keys: Vec<Vec<(BlockKey, u64)>> = self.tiers.iter().map(|(t, _)| t.keys()).collect();
+            let expired = self.expire(&rules, &keys, now, &mut swept.expired).await;
+            self.enforce_quotas(&rules, &keys, &expired, &mut swept).await;
+            // A walk of a few thousand blocks takes microseconds and runs every sweep; one of
+            // millions is spaced out.
+            let spacing = started.elapsed() * 20;
+            *self.next_walk.lock().unwrap_or_else(|p| p.into_inner()) =
+                (spacing > Duration::from_millis(100)).then(|| now + spacing);
+            *self.last.lock().unwrap_or_else(|p| p.into_inner()) = swept.mount_bytes.clone();
+        } else if !wanted {
+            *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Vec::new();
             self.first_seen.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
         for (tier, mark) in &self.tiers {
@@ -215,27 +230,35 @@ impl Upkeep {
                 }
             }
         }
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = swept.mount_bytes.clone();
         if swept.watermark.blocks + swept.expired.blocks + swept.quota.blocks > 0 {
             debug!(?swept, "upkeep evicted");
         }
         swept
     }
 
-    async fn expire(&self, rules: &[MountRule], now: Instant, expired: &mut Evicted) {
+    /// Drops the blocks whose cache TTL passed; returns them (tier, storage id).
+    async fn expire(
+        &self,
+        rules: &[MountRule],
+        keys: &[Vec<(BlockKey, u64)>],
+        now: Instant,
+        expired: &mut Evicted,
+    ) -> HashSet<(TierKind, u128)> {
         let mut due = Vec::new();
+        let mut gone = HashSet::new();
         {
             let mut seen = self.first_seen.lock().unwrap_or_else(|p| p.into_inner());
             let mut present = HashSet::new();
-            for (tier, _) in &self.tiers {
+            for ((tier, _), keys) in self.tiers.iter().zip(keys) {
                 let kind = tier.kind();
-                for (key, size) in tier.keys() {
-                    let Some(ttl) = self.cache_ttl_of(rules, &key) else { continue };
-                    let at = *seen.entry((kind, key.clone())).or_insert(now);
-                    if now.duration_since(at) >= ttl && !self.pins.is_pinned(&key, kind) {
-                        due.push((tier.clone(), key.clone(), size));
+                for (key, size) in keys {
+                    let Some(ttl) = self.cache_ttl_of(rules, key) else { continue };
+                    let id = (kind, key.storage_id());
+                    let at = *seen.entry(id).or_insert(now);
+                    if now.duration_since(at) >= ttl && !self.pins.is_pinned(key, kind) {
+                        due.push((tier.clone(), key.clone(), *size));
                     }
-                    present.insert((kind, key));
+                    present.insert(id);
                 }
             }
             seen.retain(|k, _| present.contains(k));
@@ -246,13 +269,16 @@ impl Upkeep {
                     let one = Evicted { blocks: 1, bytes: size };
                     count(tier.kind(), "ttl", one);
                     add(expired, one);
-                    self.first_seen.lock().unwrap_or_else(|p| p.into_inner()).remove(&(tier.kind(), key));
+                    let id = (tier.kind(), key.storage_id());
+                    self.first_seen.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                    gone.insert(id);
                 }
                 Err(e) => {
                     warn!(block = %key, tier = tier.kind().label(), err = %e, "cannot drop an expired block")
                 }
             }
         }
+        gone
     }
 
     /// A block's cache TTL: the most specific path rule's (`strata ttl set`), else its mount's
@@ -267,11 +293,19 @@ impl Upkeep {
         }
     }
 
-    async fn enforce_quotas(&self, rules: &[MountRule], swept: &mut Swept) {
+    async fn enforce_quotas(
+        &self,
+        rules: &[MountRule],
+        keys: &[Vec<(BlockKey, u64)>],
+        expired: &HashSet<(TierKind, u128)>,
+        swept: &mut Swept,
+    ) {
         let mut bytes: Vec<u64> = vec![0; rules.len()];
-        for (tier, _) in &self.tiers {
-            for (key, size) in tier.keys() {
-                if let Some(i) = rule_of(rules, &key) {
+        for ((tier, _), keys) in self.tiers.iter().zip(keys) {
+            for (key, size) in keys {
+                if let Some(i) = rule_of(rules, key)
+                    && (expired.is_empty() || !expired.contains(&(tier.kind(), key.storage_id())))
+                {
                     bytes[i] += size;
                 }
             }
