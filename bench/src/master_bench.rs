@@ -143,6 +143,7 @@ async fn report(addr: String, worker_token: String, args: Args, w: u64) -> anyho
                     journals: Vec::new(),
                     pins_epoch: 0,
                     frees_applied: 0,
+                    draining: false,
                 })
                 .await?
                 .into_inner();

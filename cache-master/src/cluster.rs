@@ -31,6 +31,8 @@ pub struct Heartbeat {
     pub removed: Vec<BlockReport>,
     /// `added` is the worker's whole block set: forget what it held before.
     pub full_report: bool,
+    /// The worker is draining: take it off the ring (it keeps beating until it stops).
+    pub draining: bool,
 }
 
 /// What the master answers a heartbeat.
@@ -161,6 +163,10 @@ impl Cluster {
             return HeartbeatAnswer { reregister: true, membership_epoch: mem.epoch() };
         }
         mem.update_stats(&hb.worker_id, hb.tiers, hb.counters);
+        if hb.draining && !mem.workers().any(|w| w.id == hb.worker_id && w.draining) {
+            mem.set_draining(&hb.worker_id);
+            info!(worker = %hb.worker_id, epoch = mem.epoch(), "worker draining: off the ring");
+        }
         let epoch = mem.epoch();
         drop(mem);
         let mut blocks = lock(&self.blocks);
@@ -341,6 +347,7 @@ mod tests {
             added: Vec::new(),
             removed: Vec::new(),
             full_report: false,
+            draining: false,
         }
     }
 

@@ -256,6 +256,7 @@ impl MasterRpc for Rpc {
                 http_addr: w.record.http_addr,
                 node: w.record.node,
                 live: w.record.live,
+                draining: w.record.draining,
             })
             .collect();
         Ok(Response::new(pb::ClusterStatus {
@@ -301,6 +302,7 @@ impl MasterRpc for Rpc {
             added: req.added.iter().map(block_report).collect(),
             removed: req.removed.iter().map(block_report).collect(),
             full_report: req.full_report,
+            draining: req.draining,
         });
         let held: Vec<HeldJournal> = req
             .journals

@@ -264,6 +264,8 @@ pub struct Linked {
     pub writeback: Arc<WriteBack>,
     /// Installed in the tiers by the caller; kept up to date here.
     pub pins: Arc<crate::pins::PinSet>,
+    /// Set when the worker starts draining: every heartbeat from then on says so.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
@@ -274,7 +276,7 @@ pub async fn run(
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
-    let Linked { blocks, view, auth, writeback, pins } = parts;
+    let Linked { blocks, view, auth, writeback, pins, draining } = parts;
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;
@@ -364,6 +366,7 @@ pub async fn run(
                 .collect(),
             pins_epoch: pins.epoch(),
             frees_applied: pins.frees_applied(),
+            draining: draining.load(std::sync::atomic::Ordering::Relaxed),
         };
         match client.heartbeat(req).await {
             Ok(resp) => {

@@ -35,6 +35,12 @@ impl LastView {
         guard.as_ref().map(|(m, l)| (m.epoch, l.epoch))
     }
 
+    /// The membership held, if any (the hand-off's ring).
+    pub fn membership(&self) -> Option<Membership> {
+        let guard = self.view.read().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().map(|(m, _)| m.clone())
+    }
+
     /// The view as a `View` answer's payload, or `None` before the master was first heard.
     pub fn encoded(&self) -> Option<Vec<u8>> {
         let guard = self.view.read().unwrap_or_else(|p| p.into_inner());
