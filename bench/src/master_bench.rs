@@ -144,6 +144,7 @@ async fn report(addr: String, worker_token: String, args: Args, w: u64) -> anyho
                     pins_epoch: 0,
                     frees_applied: 0,
                     mount_usage: Vec::new(),
+                    draining: false,
                 })
                 .await?
                 .into_inner();

@@ -298,6 +298,7 @@ async fn tls_rows(args: &Args, cluster: &Cluster, plain: &Client, size: u64, tcp
                 &WorkerConfig::default(),
             )),
             writeback: None,
+            handoff: None,
         };
         tokio::spawn(strata_worker::dataplane::serve_tls(listener, server.clone(), plane, cancel.clone()));
     }

@@ -33,6 +33,8 @@ pub struct Heartbeat {
     pub full_report: bool,
     /// Bytes it holds of each mount with a quota or a cache TTL, by mount path.
     pub mount_bytes: Vec<(String, u64)>,
+    /// The worker is draining: take it off the ring (it keeps beating until it stops).
+    pub draining: bool,
 }
 
 /// What the master answers a heartbeat.
@@ -163,6 +165,10 @@ impl Cluster {
             return HeartbeatAnswer { reregister: true, membership_epoch: mem.epoch() };
         }
         mem.update_stats(&hb.worker_id, hb.tiers, hb.counters, hb.mount_bytes);
+        if hb.draining && !mem.workers().any(|w| w.id == hb.worker_id && w.draining) {
+            mem.set_draining(&hb.worker_id);
+            info!(worker = %hb.worker_id, epoch = mem.epoch(), "worker draining: off the ring");
+        }
         let epoch = mem.epoch();
         drop(mem);
         let mut blocks = lock(&self.blocks);
@@ -344,6 +350,7 @@ mod tests {
             removed: Vec::new(),
             full_report: false,
             mount_bytes: Vec::new(),
+            draining: false,
         }
     }
 

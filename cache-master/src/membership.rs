@@ -21,6 +21,8 @@ pub struct WorkerRecord {
     pub node: String,
     pub last_heartbeat: Instant,
     pub live: bool,
+    /// Live but leaving (`strata worker --drain`): off the ring, still serving its peers.
+    pub draining: bool,
     pub tiers: Vec<TierUsage>,
     pub counters: WorkerCounters,
     /// Bytes it holds of each mount with a quota or a cache TTL, by mount path.
@@ -79,6 +81,7 @@ impl Membership {
             node: String::new(),
             last_heartbeat: now,
             live: true,
+            draining: false,
             tiers: Vec::new(),
             mount_bytes: Vec::new(),
             counters: WorkerCounters::default(),
@@ -88,7 +91,9 @@ impl Membership {
         record.node = node.to_string();
         record.last_heartbeat = now;
         record.live = true;
-        if changed {
+        // A draining worker that registers again (a new master) says so in its next beat.
+        let was_draining = std::mem::take(&mut record.draining);
+        if changed || was_draining {
             self.epoch += 1;
         }
         self.epoch
@@ -100,6 +105,21 @@ impl Membership {
         match self.workers.get_mut(id) {
             Some(w) if w.live => {
                 w.last_heartbeat = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes a live worker off the ring for good (it is draining); the epoch moves the first
+    /// time. `false` when the worker is not live.
+    pub fn set_draining(&mut self, id: &str) -> bool {
+        match self.workers.get_mut(id) {
+            Some(w) if w.live => {
+                if !w.draining {
+                    w.draining = true;
+                    self.epoch += 1;
+                }
                 true
             }
             _ => false,
@@ -123,13 +143,16 @@ impl Membership {
     /// Declares workers lost whose last heartbeat is older than the timeout; returns them.
     pub fn tick(&mut self, now: Instant) -> Vec<String> {
         let mut lost = Vec::new();
+        let mut ring_moved = false;
         for w in self.workers.values_mut() {
             if w.live && now.saturating_duration_since(w.last_heartbeat) > self.timeout {
                 w.live = false;
+                // A drained worker left the ring when it began draining.
+                ring_moved |= !std::mem::take(&mut w.draining);
                 lost.push(w.id.clone());
             }
         }
-        if !lost.is_empty() {
+        if ring_moved {
             self.epoch += 1;
         }
         lost
@@ -138,7 +161,7 @@ impl Membership {
     pub fn live_members(&self) -> Vec<Member> {
         self.workers
             .values()
-            .filter(|w| w.live)
+            .filter(|w| w.live && !w.draining)
             .map(|w| Member { id: w.id.clone(), data_addr: w.data_addr.clone(), node: w.node.clone() })
             .collect()
     }
@@ -171,6 +194,24 @@ mod tests {
         // Coming back on a new port moves the epoch.
         assert_eq!(m.register(&WorkerEntry::new("b", "h:9", "h:4"), t0 + Duration::from_secs(5)), 104);
         assert_eq!(m.live_members().len(), 2);
+    }
+
+    #[test]
+    fn a_draining_worker_leaves_the_ring_at_once_and_its_loss_moves_nothing_more() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(Duration::from_secs(5), 100);
+        m.register(&WorkerEntry::new("a", "h:1", "h:2"), t0);
+        m.register(&WorkerEntry::new("b", "h:3", "h:4"), t0);
+        assert!(m.set_draining("a"));
+        assert_eq!(m.epoch(), 103);
+        assert!(m.set_draining("a"), "saying it again moves nothing");
+        assert_eq!(m.epoch(), 103);
+        assert_eq!(m.live_members().iter().map(|w| w.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert!(m.heartbeat("a", t0), "it still beats while it hands its blocks off");
+        m.heartbeat("b", t0 + Duration::from_secs(5));
+        assert_eq!(m.tick(t0 + Duration::from_secs(6)), vec!["a".to_string()]);
+        assert_eq!(m.epoch(), 103, "the ring did not change when the drained worker stopped");
+        assert!(!m.set_draining("zz"));
     }
 
     #[test]

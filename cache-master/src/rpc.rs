@@ -280,6 +280,7 @@ impl MasterRpc for Rpc {
                 http_addr: w.record.http_addr,
                 node: w.record.node,
                 live: w.record.live,
+                draining: w.record.draining,
             })
             .collect();
         Ok(Response::new(pb::ClusterStatus {
@@ -327,6 +328,7 @@ impl MasterRpc for Rpc {
             removed: req.removed.iter().map(block_report).collect(),
             full_report: req.full_report,
             mount_bytes: req.mount_usage.iter().map(|u| (u.path.clone(), u.bytes)).collect(),
+            draining: req.draining,
         });
         let held: Vec<HeldJournal> = req
             .journals

@@ -158,6 +158,47 @@ impl BlockCache {
         self.memory.contains(key) || self.nvme.contains(key)
     }
 
+    /// Every block held, once (a block in both tiers is listed with its DRAM copy's size).
+    pub fn held_blocks(&self) -> Vec<(BlockKey, u64)> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for tier in [&self.memory, &self.nvme] {
+            for (key, size) in tier.keys() {
+                if seen.insert(key.clone()) {
+                    out.push((key, size));
+                }
+            }
+        }
+        out
+    }
+
+    /// A block's bytes for handing it off: DRAM without counting a hit, else NVMe. A hand-off
+    /// is not a read of the block, so it must not make the block look hot here.
+    pub async fn handoff_copy(&self, key: &BlockKey) -> Option<Bytes> {
+        if let Some(b) = self.memory.peek(key) {
+            return Some(b);
+        }
+        self.nvme.get(key).await.ok().flatten()
+    }
+
+    /// Keeps a block handed off by its previous owner: on NVMe (it is not being read now, so
+    /// it takes no DRAM from blocks that are), in DRAM when there is no NVMe tier or `in_memory`
+    /// (a block pinned in DRAM) asks for it as well.
+    pub async fn store_handed_off(
+        &self,
+        key: &BlockKey,
+        bytes: Bytes,
+        in_memory: bool,
+    ) -> Result<(), TierError> {
+        let on_nvme = self.nvme.usage().capacity_bytes > 0;
+        if in_memory || !on_nvme {
+            self.memory.put(key, bytes.clone()).await?;
+            // The DRAM tier may have evicted dirty blocks to make room: they must reach NVMe.
+            self.persist_evicted().await;
+        }
+        if on_nvme { self.nvme.put(key, bytes).await } else { Ok(()) }
+    }
+
     /// The whole block from DRAM, without touching NVMe.
     pub async fn memory_get(&self, key: &BlockKey) -> Option<Bytes> {
         self.memory.get(key).await.ok().flatten()

@@ -123,6 +123,16 @@ pub struct WorkerConfig {
     /// How often the background upkeep (watermarks, mounts' `cache_ttl` and `quota`) runs, in
     /// milliseconds. Default 1000.
     pub upkeep_interval_ms: u64,
+    /// Bytes per second this worker sends at most when it hands blocks off to their new
+    /// owner after a ring change (background hand-off, see docs/CACHE_CONTROL.md); it also
+    /// waits while client reads are in flight here. 0 turns background hand-off off (a
+    /// drain still hands off, at the default rate). Default 104857600 (100 MiB/s).
+    pub handoff_bandwidth: u64,
+    /// Blocks named by one hand-off offer. Default 64.
+    pub handoff_batch: usize,
+    /// Blocks this worker has asked its peers to push and not received yet, at most; offers
+    /// beyond are declined (and fetched on demand later). Default 256.
+    pub handoff_queue: usize,
 }
 
 /// A tier's watermarks, in percent of its capacity.
@@ -257,6 +267,9 @@ impl Default for WorkerConfig {
             tls: TlsConfig::default(),
             watermarks: Watermarks::default(),
             upkeep_interval_ms: 1000,
+            handoff_bandwidth: crate::handoff::DEFAULT_HANDOFF_BANDWIDTH,
+            handoff_batch: crate::handoff::DEFAULT_HANDOFF_BATCH,
+            handoff_queue: crate::handoff::DEFAULT_HANDOFF_QUEUE,
         }
     }
 }

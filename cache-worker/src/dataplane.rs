@@ -69,6 +69,8 @@ pub struct DataPlane {
     pub connections: Arc<Connections>,
     /// Write-back journals and uploads (a worker's; a sidecar takes no write-back writes).
     pub writeback: Option<Arc<crate::writeback::WriteBack>>,
+    /// Blocks handed off by their previous owners (a worker's; a sidecar is on no ring).
+    pub handoff: Option<Arc<crate::handoff::Receiver>>,
 }
 
 /// The wire request as a storage request.
@@ -475,6 +477,14 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     }
                 }
             }
+            Ok((op @ (frame::Op::HandOffOffer | frame::Op::HandOffBlock), len)) => {
+                // Checked before the body is read: a pushed block's body may be as large as a
+                // block, and only a worker may make this worker take one.
+                if let Err(refused) = plane.auth.check(&mut session, Access::Worker, None) {
+                    return refuse(&mut stream, refused).await;
+                }
+                serve_handoff(&mut stream, plane.handoff.as_deref(), op, len).await?
+            }
             Ok((frame::Op::WriteBegin, len)) => {
                 let allow = |path: &str| plane.auth.check(&mut session, Access::Write, Some(path));
                 write::serve_write(&mut stream, &plane.blocks, plane.writeback.as_ref(), len, allow).await?
@@ -700,6 +710,35 @@ async fn send_data<S: AsyncWrite + Unpin>(
 /// Answers a malformed frame and closes the connection (see [`close_with`]).
 async fn reject<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, message: &str) -> std::io::Result<()> {
     close_with(stream, ErrorKind::BadFrame, message).await
+}
+
+/// A hand-off offer or pushed block from a peer worker (its role already checked).
+async fn serve_handoff<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    receiver: Option<&crate::handoff::Receiver>,
+    op: frame::Op,
+    len: usize,
+) -> std::io::Result<()> {
+    const NO_RING: &str = "this worker takes no hand-offs (a sidecar is on no ring)";
+    if op == frame::Op::HandOffOffer {
+        let Some(offer) = read_body(stream, len, frame::HandOffOffer::decode_body).await? else {
+            return Ok(());
+        };
+        return match receiver {
+            Some(receiver) => send_data(stream, offer.req_id, Source::Memory, &receiver.offer(&offer)).await,
+            None => send_error(stream, offer.req_id, ErrorKind::Unavailable, NO_RING).await,
+        };
+    }
+    let Some(block) = read_body(stream, len, frame::HandOffBlock::decode_body).await? else { return Ok(()) };
+    let req_id = block.req_id;
+    match receiver {
+        Some(receiver) if receiver.take(block).await => send_data(stream, req_id, Source::Memory, &[]).await,
+        Some(_) => {
+            send_error(stream, req_id, ErrorKind::Unavailable, "hand-off block not asked for or not kept")
+                .await
+        }
+        None => send_error(stream, req_id, ErrorKind::Unavailable, NO_RING).await,
+    }
 }
 
 /// Answers a peer that did not prove who it is (or that this worker cannot check yet) and

@@ -23,6 +23,7 @@ pub mod dataplane;
 pub mod error;
 pub mod fetch;
 pub mod grants;
+pub mod handoff;
 pub mod journal;
 pub mod loader;
 mod master_link;
@@ -96,6 +97,8 @@ pub struct WorkerHandle {
     pub connections: Arc<dataplane::Connections>,
     /// The pins and frees this worker applies, as the master last told it.
     pub pins: Arc<pins::PinSet>,
+    /// Hand-off of blocks to their new owners (ring changes, drains).
+    pub handoff: HandOff,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -111,10 +114,78 @@ impl WorkerHandle {
         }
     }
 
+    /// Leaves the cluster gracefully: tells the master it is draining (the master takes it off
+    /// the ring at once; it keeps serving, peer reads included), hands every block it holds to
+    /// its new owner, and returns once that is done or `timeout` has passed, saying what was
+    /// left. Stop it afterwards ([`shutdown`](Self::shutdown)).
+    pub async fn drain(&self, timeout: Duration) -> handoff::DrainReport {
+        use std::sync::atomic::Ordering::Relaxed;
+        let p = &self.handoff.progress;
+        let before = (p.sent.load(Relaxed), p.declined.load(Relaxed), p.failed.load(Relaxed));
+        self.handoff.draining.store(true, Relaxed);
+        info!(worker = %self.worker_id, timeout_ms = timeout.as_millis() as u64, "draining");
+        let deadline = tokio::time::Instant::now() + timeout;
+        let finished = loop {
+            // A pass at a ring without this worker, not older than the drain, went through all.
+            let epoch = self.handoff.view.epochs().map(|(m, _)| m);
+            let off_ring = self
+                .handoff
+                .view
+                .membership()
+                .is_some_and(|m| !m.workers.iter().any(|w| w.id == self.worker_id));
+            if off_ring
+                && p.completed_off_ring.load(Relaxed)
+                && Some(p.completed_epoch.load(Relaxed)) == epoch
+            {
+                break true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let report = handoff::DrainReport {
+            sent: p.sent.load(Relaxed) - before.0,
+            declined: p.declined.load(Relaxed) - before.1,
+            failed: p.failed.load(Relaxed) - before.2,
+            left: if finished { 0 } else { p.left.load(Relaxed).max(1) },
+            finished,
+        };
+        if finished {
+            info!(worker = %self.worker_id, sent = report.sent, declined = report.declined, failed = report.failed, "drained: every block handed off");
+        } else {
+            tracing::warn!(worker = %self.worker_id, sent = report.sent, failed = report.failed, left = p.left.load(Relaxed), "drain deadline passed before every block was handed off; the rest will be read from the UFS again");
+        }
+        report
+    }
+
     /// Finishes queued NVMe writes, then stops.
     pub async fn shutdown(self) {
         self.blocks.flush().await;
         self.kill().await;
+    }
+}
+
+/// A worker's hand-off state: the receiving side its data plane serves, the sender's progress,
+/// and how it reaches its peers (set once the caller has a cluster client, see
+/// [`HandOff::set_peer_link`]).
+#[derive(Clone)]
+pub struct HandOff {
+    pub receiver: Arc<handoff::Receiver>,
+    pub progress: Arc<handoff::Progress>,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+    link: Arc<std::sync::OnceLock<Arc<dyn strata_common::upstream::PeerLink>>>,
+    view: Arc<view::LastView>,
+}
+
+impl HandOff {
+    /// Hand-off starts once this is set (a worker without it sends nothing, but receives).
+    pub fn set_peer_link(&self, link: Arc<dyn strata_common::upstream::PeerLink>) {
+        let _ = self.link.set(link);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -254,6 +325,14 @@ impl Worker {
         let view = Arc::new(view::LastView::default());
         let auth = master_link::learn_tokens(&master, &worker_id).await;
         let connections = Arc::new(dataplane::Connections::from_config(&config));
+        let pins = pins::PinSet::new();
+        let handoff = HandOff {
+            receiver: Arc::new(handoff::Receiver::new(blocks.clone(), pins.clone(), config.handoff_queue)),
+            progress: Arc::new(handoff::Progress::default()),
+            draining: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            link: Arc::new(std::sync::OnceLock::new()),
+            view: view.clone(),
+        };
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),
@@ -261,6 +340,7 @@ impl Worker {
             auth: auth.clone(),
             connections: connections.clone(),
             writeback: Some(writeback.clone()),
+            handoff: Some(handoff.receiver.clone()),
         };
         let dp = match server_tls {
             Some(tls) => tokio::spawn(dataplane::serve_tls(listener, tls, plane, cancel.clone())),
@@ -274,7 +354,6 @@ impl Worker {
             http_addr: http_addr.to_string(),
             node: config.node.clone().unwrap_or_default(),
         };
-        let pins = pins::PinSet::new();
         let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
         pins.install(&tiers);
         let upkeep = Arc::new(
@@ -292,8 +371,29 @@ impl Worker {
             Duration::from_millis(config.upkeep_interval_ms),
             cancel.clone(),
         ));
-        let linked =
-            master_link::Linked { blocks: blocks.clone(), view, auth, writeback, pins: pins.clone(), upkeep };
+        let sender = handoff::Sender {
+            blocks: blocks.clone(),
+            view: view.clone(),
+            me: worker_id.clone(),
+            config: handoff::HandOffConfig {
+                bandwidth: config.handoff_bandwidth,
+                batch: config.handoff_batch,
+                queue: config.handoff_queue,
+            },
+            link: handoff.link.clone(),
+            draining: handoff.draining.clone(),
+            progress: handoff.progress.clone(),
+        };
+        let handing_off = tokio::spawn(sender.run(cancel.clone()));
+        let linked = master_link::Linked {
+            blocks: blocks.clone(),
+            view,
+            auth,
+            writeback,
+            pins: pins.clone(),
+            upkeep,
+            draining: handoff.draining.clone(),
+        };
         let link = tokio::spawn(master_link::run(master.clone(), identity, linked, clock, cancel.clone()));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
@@ -306,8 +406,9 @@ impl Worker {
             grants,
             connections,
             pins,
+            handoff,
             cancel,
-            tasks: vec![dp, http_task, link, loader, writeback, upkeep_task],
+            tasks: vec![dp, http_task, link, loader, writeback, upkeep_task, handing_off],
         })
     }
 }

@@ -266,6 +266,8 @@ pub struct Linked {
     pub pins: Arc<crate::pins::PinSet>,
     /// Its per-mount bytes go out with every heartbeat.
     pub upkeep: Arc<crate::upkeep::Upkeep>,
+    /// Set when the worker starts draining: every heartbeat from then on says so.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Registers and heartbeats until `cancel`, keeping `view` up to the epochs the master announces.
@@ -276,7 +278,7 @@ pub async fn run(
     clock: SharedClock,
     cancel: CancellationToken,
 ) {
-    let Linked { blocks, view, auth, writeback, pins, upkeep } = parts;
+    let Linked { blocks, view, auth, writeback, pins, upkeep, draining } = parts;
     let mut client = client;
     let mut interval = Duration::from_millis(1000);
     let mut registered = false;
@@ -371,6 +373,7 @@ pub async fn run(
                 .collect(),
             pins_epoch: pins.epoch(),
             frees_applied: pins.frees_applied(),
+            draining: draining.load(std::sync::atomic::Ordering::Relaxed),
         };
         match client.heartbeat(req).await {
             Ok(resp) => {

@@ -80,3 +80,11 @@ pub const WRITEBACK_UPLOADS: &str = "strata_worker_writeback_uploads_total";
 /// Counter, label `fallback` (`refused`, `write-through`): write-back writes whose journal
 /// disk was full.
 pub const WRITEBACK_DISK_FULL: &str = "strata_worker_writeback_disk_full_total";
+/// Counter, label `direction` (`sent`/`received`): blocks handed off to their new owner after a
+/// ring change or during a drain (see docs/CACHE_CONTROL.md, "When the ring changes").
+pub const HANDOFF_BLOCKS: &str = "strata_worker_handoff_blocks_total";
+/// Counter, bytes, label `direction` (`sent`/`received`): bytes of handed-off blocks.
+pub const HANDOFF_BYTES: &str = "strata_worker_handoff_bytes_total";
+/// Counter: blocks offered to this worker that it declined because its hand-off queue was full
+/// (they are fetched on demand later, from the previous owner first).
+pub const HANDOFF_DROPPED: &str = "strata_worker_handoff_dropped_offers_total";

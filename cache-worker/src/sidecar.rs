@@ -107,6 +107,7 @@ pub async fn start_with_clock(
         auth: auth.clone(),
         connections: connections.clone(),
         writeback: None,
+        handoff: None,
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;

@@ -29,7 +29,7 @@ impl LastView {
         self.seen_ms.fetch_max(now_ms, Ordering::Relaxed);
     }
 
-    /// The membership held, if any.
+    /// The membership held, if any (the hand-off's ring, the upkeep's quota shares).
     pub fn membership(&self) -> Option<Membership> {
         self.view.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(m, _)| m.clone())
     }

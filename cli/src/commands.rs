@@ -316,17 +316,39 @@ async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> 
     if cfg.socket_path.is_some() {
         bail!("--socket serves a sidecar: add --sidecar (a cluster worker serves TCP only)");
     }
+    let drain = match args.drain {
+        false => None,
+        true => Some(strata_common::units::parse_duration(&args.drain_timeout).with_context(|| {
+            format!("--drain-timeout {:?}: expected a duration such as 3m or 90s", args.drain_timeout)
+        })?),
+    };
     let (master_addr, token, tls) = (cfg.master_addr.clone(), cfg.resolve_token()?, cfg.tls.clone());
     let handle = Worker::start(cfg, Arc::new(OpendalFactory)).await?;
     // Peer fetch: a block this worker misses is asked of its previous owners before the UFS.
     match strata_client::PeerUpstream::connect(&master_addr, &handle.worker_id, token, PEER_TIMEOUT, tls)
         .await
     {
-        Ok(peers) => handle.blocks.set_upstream(Arc::new(peers)),
-        Err(e) => tracing::warn!(err = %e, "no peer fetch: misses go to the UFS"),
+        Ok(peers) => {
+            let peers = Arc::new(peers);
+            handle.blocks.set_upstream(peers.clone());
+            // The same client pushes blocks to their new owners (hand-off, drain).
+            handle.handoff.set_peer_link(peers);
+        }
+        Err(e) => tracing::warn!(err = %e, "no peer fetch or hand-off: misses go to the UFS"),
     }
     println!("worker {} serving data on {} (http {})", handle.worker_id, handle.data_addr, handle.http_addr);
     wait_for_shutdown().await?;
+    if let Some(timeout) = drain {
+        let report = handle.drain(timeout).await;
+        eprintln!(
+            "strata: drain {}: {} blocks handed off, {} declined (the new owner had them), {} failed, {} not offered",
+            if report.finished { "finished" } else { "deadline passed" },
+            report.sent,
+            report.declined,
+            report.failed,
+            report.left
+        );
+    }
     handle.shutdown().await;
     Ok(())
 }
@@ -794,7 +816,7 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
                     .collect();
                 let mount_bytes: serde_json::Map<String, serde_json::Value> =
                     w.mount_usage.iter().map(|u| (u.path.clone(), u.bytes.into())).collect();
-                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "node": w.node, "live": w.live, "suspect": w.suspect,
+                let mut v = json!({"id": w.id, "data_addr": w.data_addr, "http_addr": w.http_addr, "node": w.node, "live": w.live, "suspect": w.suspect, "draining": w.draining,
                     "last_heartbeat_ms_ago": w.last_heartbeat_ms_ago, "blocks": w.blocks, "tiers": tiers, "mount_bytes": mount_bytes});
                 v.as_object_mut().expect("object").extend(
                     counters(&w.counters.unwrap_or_default()).as_object().expect("object").clone(),
@@ -857,10 +879,11 @@ async fn status(target: &Target, as_json: bool) -> Result<()> {
             "worker {} {}{node} {} (heartbeat {} ms ago) blocks {} hits {} misses {} ufs bytes {}",
             w.id,
             w.data_addr,
-            match (w.live, w.suspect) {
-                (true, false) => "live",
-                (true, true) => "SUSPECT",
-                (false, _) => "LOST",
+            match (w.live, w.suspect, w.draining) {
+                (true, _, true) => "DRAINING",
+                (true, false, false) => "live",
+                (true, true, false) => "SUSPECT",
+                (false, _, _) => "LOST",
             },
             w.last_heartbeat_ms_ago,
             w.blocks,

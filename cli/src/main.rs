@@ -366,6 +366,15 @@ struct WorkerArgs {
     /// Group (name or gid) given the sidecar's socket (mode 0660), e.g. the pod's fsGroup.
     #[arg(long, env = "STRATA_WORKER_SOCKET_GROUP", value_name = "GROUP")]
     socket_group: Option<String>,
+    /// On SIGTERM/SIGINT, leave gracefully: the master takes this worker off the ring at once,
+    /// it hands every block it holds to the block's new owner, then exits 0 (see
+    /// docs/CACHE_CONTROL.md, "When the ring changes"). Without it, stop at once.
+    #[arg(long, env = "STRATA_WORKER_DRAIN")]
+    drain: bool,
+    /// Longest a drain lasts before the worker exits anyway, logging what was not handed off,
+    /// e.g. 3m. Keep it below the pod's terminationGracePeriodSeconds.
+    #[arg(long, env = "STRATA_WORKER_DRAIN_TIMEOUT", value_name = "DURATION", default_value = "3m")]
+    drain_timeout: String,
 }
 
 #[derive(Subcommand)]

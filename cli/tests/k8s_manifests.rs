@@ -176,3 +176,25 @@ fn workers_and_example_readers_know_their_node_and_readers_ask_for_cache_nodes()
 
     assert_eq!(node_env(&k8s("examples/standalone.yaml")), [from_node()]);
 }
+
+#[test]
+fn a_cluster_worker_drains_on_sigterm_within_its_grace_period() {
+    let base = k8s("base/strata.yaml");
+    let args = base
+        .lines()
+        .find(|l| l.trim_start().starts_with("args: [\"worker\", \"--config\""))
+        .expect("the worker's args");
+    assert!(args.contains("\"--drain\""), "the worker hands its blocks off before it stops: {args}");
+    let timeout: u64 = args
+        .split("\"--drain-timeout\", \"")
+        .nth(1)
+        .and_then(|rest| rest.split("s\"").next())
+        .and_then(|n| n.parse().ok())
+        .expect("--drain-timeout in seconds");
+    let graces: Vec<u64> = base
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds: "))
+        .map(|n| n.parse().expect("a number"))
+        .collect();
+    assert!(graces.iter().any(|g| *g > timeout), "a grace period covers the {timeout} s drain: {graces:?}");
+}

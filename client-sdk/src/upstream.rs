@@ -277,3 +277,24 @@ impl Upstream for PeerUpstream {
         Err(UpstreamError(if why.is_empty() { "no peer to ask".into() } else { why.join("; ") }))
     }
 }
+
+/// Longest one hand-off exchange may take: a whole block pushed and stored by a receiver that
+/// first lets its own client reads go (see `strata_worker::handoff`).
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A worker's hand-off to its peers goes through the same dialing (TLS, the worker's token) as
+/// its peer reads.
+#[async_trait]
+impl strata_common::upstream::PeerLink for PeerUpstream {
+    async fn exchange(
+        &self,
+        addr: &str,
+        frame: &[u8],
+        req_id: u64,
+        max: u64,
+    ) -> std::result::Result<Bytes, UpstreamError> {
+        crate::transport::ask_pooled(&self.peers, addr, frame, req_id, max, HANDOFF_TIMEOUT)
+            .await
+            .map_err(|e| UpstreamError(e.to_string()))
+    }
+}

@@ -97,6 +97,13 @@ pub enum Op {
     /// answered `not_found`, never fetched. What a new owner asks the block's previous owner
     /// before the UFS when the ring changed (peer fetch), so a peer's miss costs no UFS read.
     PeerRead = 12,
+    /// Blocks a worker holds and whose first owner on the ring is now the worker asked
+    /// ([`HandOffOffer`]): the answer's payload is one byte per block offered, 1 where the
+    /// receiver wants it pushed (it lacks the block and has room in its hand-off queue).
+    HandOffOffer = 13,
+    /// One whole block pushed to its new owner after an offer ([`HandOffBlock`]); answered
+    /// with an empty data frame when kept, an error (`unavailable`) when the receiver dropped it.
+    HandOffBlock = 14,
     /// A block range a read replica asks the block's first owner for ([`ReadBlockRequest`]
     /// body): answered from its tiers, or fetched through its single flight on a miss, so two
     /// replicas missing one cold block at once read the UFS once. Not counted as bytes served
@@ -209,6 +216,84 @@ impl ReadBlockRequest {
     }
 }
 
+/// Most blocks one [`HandOffOffer`] names.
+pub const MAX_HANDOFF_OFFER_BLOCKS: usize = 1024;
+/// Longest encoded [`BlockKey`] a hand-off carries (a file identity is a URI and a path).
+pub const MAX_BLOCK_KEY_LEN: usize = 4 + 2 * crate::path::MAX_PATH_LEN + 4 + MAX_VERSION_LEN + 8;
+const MAX_HANDOFF_OFFER_BODY: usize = 8 + 4 + MAX_HANDOFF_OFFER_BLOCKS * (4 + MAX_BLOCK_KEY_LEN + 8);
+
+/// Blocks offered to their new owner ([`Op::HandOffOffer`]): each key with its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOffOffer {
+    pub req_id: u64,
+    pub blocks: Vec<(crate::BlockKey, u64)>,
+}
+
+impl HandOffOffer {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&self.req_id.to_le_bytes());
+        body.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
+        for (key, len) in &self.blocks {
+            let k = key.encode();
+            body.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            body.extend_from_slice(&k);
+            body.extend_from_slice(&len.to_le_bytes());
+        }
+        let mut out = request_header(Op::HandOffOffer, body.len()).to_vec();
+        out.extend_from_slice(&body);
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > MAX_HANDOFF_OFFER_BLOCKS {
+            return Err(FrameError::Malformed);
+        }
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            let key = r.key()?;
+            blocks.push((key, r.u64()?));
+        }
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { req_id, blocks })
+    }
+}
+
+/// One block pushed to its new owner ([`Op::HandOffBlock`]); the body ends with its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOffBlock {
+    pub req_id: u64,
+    pub key: crate::BlockKey,
+    pub data: bytes::Bytes,
+}
+
+impl HandOffBlock {
+    pub fn encode(&self) -> Vec<u8> {
+        let k = self.key.encode();
+        let body_len = 8 + 4 + k.len() + self.data.len();
+        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len);
+        out.extend_from_slice(&request_header(Op::HandOffBlock, body_len));
+        out.extend_from_slice(&self.req_id.to_le_bytes());
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&k);
+        out.extend_from_slice(&self.data);
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let key = r.key()?;
+        let data = bytes::Bytes::copy_from_slice(&body[r.pos..]);
+        Ok(Self { req_id, key, data })
+    }
+}
+
 /// Parses a request header; returns the op and the body length to read next.
 pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize), FrameError> {
     let magic: [u8; 4] = h[0..4].try_into().expect("4 bytes");
@@ -228,6 +313,8 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         10 => Op::Stat,
         11 => Op::Auth,
         12 => Op::PeerRead,
+        13 => Op::HandOffOffer,
+        14 => Op::HandOffBlock,
         16 => Op::PeerFetch,
         other => return Err(FrameError::UnknownOp(other)),
     };
@@ -242,6 +329,8 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::Auth => MAX_AUTH_BODY,
         Op::ReadBlock | Op::WriteBegin | Op::Stat | Op::PeerRead | Op::PeerFetch => MAX_REQUEST_BODY,
         Op::OpenBlock => MAX_REQUEST_BODY + 1,
+        Op::HandOffOffer => MAX_HANDOFF_OFFER_BODY,
+        Op::HandOffBlock => 8 + 4 + MAX_BLOCK_KEY_LEN + crate::MAX_BLOCK_SIZE as usize,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
@@ -737,6 +826,21 @@ impl Reader<'_> {
     fn u64(&mut self) -> Result<u64, FrameError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    /// `len:u32` then a [`BlockKey`] as [`BlockKey::encode`] writes it.
+    fn key(&mut self) -> Result<crate::BlockKey, FrameError> {
+        let len = self.u32()? as usize;
+        if len > MAX_BLOCK_KEY_LEN {
+            return Err(FrameError::Malformed);
+        }
+        let raw = self.take(len)?;
+        match crate::BlockKey::decode(raw) {
+            Some((key, used)) if used == raw.len() => Ok(key),
+            _ => Err(FrameError::Malformed),
+        }
+    }
     fn u8(&mut self) -> Result<u8, FrameError> {
         Ok(self.take(1)?[0])
     }
@@ -755,6 +859,28 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hand_off_frames_round_trip_and_reject_a_trailing_byte() {
+        let key = crate::BlockKey::new("file:///u/a#bs4", "v1", 3);
+        let offer = HandOffOffer {
+            req_id: 9,
+            blocks: vec![(key.clone(), 4), (crate::BlockKey::new("x", "v", 0), 1)],
+        };
+        let frame = offer.encode();
+        let (op, len) = decode_request_header(frame[..REQUEST_HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!((op, len), (Op::HandOffOffer, frame.len() - REQUEST_HEADER_LEN));
+        assert_eq!(HandOffOffer::decode_body(&frame[REQUEST_HEADER_LEN..]).unwrap(), offer);
+        let mut longer = frame[REQUEST_HEADER_LEN..].to_vec();
+        longer.push(0);
+        assert_eq!(HandOffOffer::decode_body(&longer), Err(FrameError::Malformed));
+
+        let block = HandOffBlock { req_id: 2, key, data: bytes::Bytes::from_static(b"abcd") };
+        let frame = block.encode();
+        let (op, _) = decode_request_header(frame[..REQUEST_HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(op, Op::HandOffBlock);
+        assert_eq!(HandOffBlock::decode_body(&frame[REQUEST_HEADER_LEN..]).unwrap(), block);
+    }
     use proptest::prelude::*;
 
     #[test]

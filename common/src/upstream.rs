@@ -29,3 +29,12 @@ pub struct UpstreamError(pub String);
 pub trait Upstream: Send + Sync + 'static {
     async fn read_block(&self, read: UpstreamRead<'_>) -> Result<Bytes, UpstreamError>;
 }
+
+/// How a worker reaches its peers' data planes for a hand-off (the client SDK dials them, with
+/// the cluster's TLS and the worker's token): one request frame out, the answer's payload (at
+/// most `max` bytes) back.
+#[async_trait]
+pub trait PeerLink: Send + Sync + 'static {
+    async fn exchange(&self, addr: &str, frame: &[u8], req_id: u64, max: u64)
+    -> Result<Bytes, UpstreamError>;
+}

@@ -48,6 +48,9 @@ pub struct ClusterOptions {
     /// The node each worker reports (worker `i` gets `nodes[i]`; none past the end), as
     /// `STRATA_NODE` would set it on a real host.
     pub nodes: Vec<String>,
+    /// Each worker's `handoff_bandwidth`; 0 turns background hand-off off, so a test can
+    /// measure peer fetch on demand alone.
+    pub handoff_bandwidth: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +79,7 @@ impl Default for ClusterOptions {
             tls: None,
             nvme_disk: None,
             nodes: Vec::new(),
+            handoff_bandwidth: strata_worker::handoff::DEFAULT_HANDOFF_BANDWIDTH,
         }
     }
 }
@@ -152,6 +156,7 @@ impl Cluster {
                 node: opts.nodes.get(i).cloned(),
                 // As quick as the harness's heartbeats, so TTLs and quotas act within a test.
                 upkeep_interval_ms: 100,
+                handoff_bandwidth: opts.handoff_bandwidth,
                 ..WorkerConfig::default()
             })
             .collect();
@@ -207,7 +212,9 @@ impl Cluster {
         )
         .await
         .expect("peer fetch connects");
-        handle.blocks.set_upstream(Arc::new(peers));
+        let peers = Arc::new(peers);
+        handle.blocks.set_upstream(peers.clone());
+        handle.handoff.set_peer_link(peers);
         handle
     }
 
@@ -349,6 +356,22 @@ impl Cluster {
     pub async fn flush(&self) {
         for w in self.workers.iter().flatten() {
             w.blocks.flush().await;
+        }
+    }
+
+    /// Drains worker `i` (`strata worker --drain` on SIGTERM): it leaves the ring, hands its
+    /// blocks off within `timeout`, and stops. Returns what the drain did.
+    pub async fn drain_worker(&mut self, i: usize, timeout: Duration) -> strata_worker::handoff::DrainReport {
+        let w = self.workers[i].take().expect("worker running");
+        let report = w.drain(timeout).await;
+        w.shutdown().await;
+        report
+    }
+
+    /// Stops worker `i` cleanly without draining (`strata worker` on SIGTERM).
+    pub async fn stop_worker(&mut self, i: usize) {
+        if let Some(w) = self.workers[i].take() {
+            w.shutdown().await;
         }
     }
 

@@ -1,5 +1,6 @@
 //! Elasticity: when the ring changes, a block's new owner fetches it from the worker that held
-//! it before (peer fetch) instead of the UFS.
+//! it before (peer fetch) instead of the UFS. Background hand-off is off here, so what is
+//! measured is the on-demand fetch alone (tests/handoff.rs measures the hand-off).
 
 use strata_testkit::{Cluster, ClusterOptions, pattern};
 
@@ -7,7 +8,8 @@ const MIB: usize = 1 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_added_to_a_warm_cluster_takes_its_blocks_from_peers_not_the_ufs() {
-    let mut cluster = Cluster::start(ClusterOptions::default()).await;
+    let mut cluster =
+        Cluster::start(ClusterOptions { handoff_bandwidth: 0, ..ClusterOptions::default() }).await;
     let files: Vec<(String, Vec<u8>)> = (0..40)
         .map(|i| {
             let data = pattern(MIB - 7 * i, 500 + i as u64);

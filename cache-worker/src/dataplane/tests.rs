@@ -66,6 +66,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         view: Arc::new(LastView::default()),
         connections: Arc::new(Connections::from_config(&config)),
         writeback: None,
+        handoff: None,
         // Limits and deadlines are what these tests are about: every peer is admitted by the
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),
@@ -406,4 +407,34 @@ async fn by_default_only_the_own_uid_and_root_may_use_the_socket() {
     let answer = child_as(65534, 4243, &path).await;
     assert!(answer.starts_with("error PermissionDenied"), "{answer}");
     assert_eq!(f.plane.connections.snapshot().refused_peer_uid, 1);
+}
+
+#[tokio::test]
+async fn a_hand_off_takes_the_offered_blocks_it_has_room_for_and_refuses_the_rest() {
+    let mut f = fixture(WorkerConfig::default());
+    let receiver =
+        Arc::new(crate::handoff::Receiver::new(f.plane.blocks.clone(), crate::pins::PinSet::new(), 1));
+    f.plane.handoff = Some(receiver.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+
+    use strata_common::BlockKey;
+    let (a, b) = (BlockKey::new("file:///u/a#bs4", "v1", 0), BlockKey::new("file:///u/b#bs4", "v1", 0));
+    let offer = frame::HandOffOffer { req_id: 1, blocks: vec![(a.clone(), 4), (b.clone(), 4)] };
+    let (head, wanted) = call(&mut stream, &offer.encode()).await;
+    assert!(head.status.is_ok(), "{head:?}");
+    assert_eq!(wanted, vec![1, 0], "a queue of one takes the first block offered");
+
+    let push = |req_id, key: &BlockKey| {
+        frame::HandOffBlock { req_id, key: key.clone(), data: bytes::Bytes::from_static(b"abcd") }.encode()
+    };
+    let (head, _) = call(&mut stream, &push(2, &a)).await;
+    assert!(head.status.is_ok(), "{head:?}");
+    assert_eq!(f.plane.blocks.cache().memory_get(&a).await.as_deref(), Some(&b"abcd"[..]));
+    let (head, _) = call(&mut stream, &push(3, &b)).await;
+    assert_eq!(head.status.err(), Some(ErrorKind::Unavailable), "a block not asked for is refused");
+    assert!(!f.plane.blocks.cache().contains(&b));
+    assert_eq!(receiver.received.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
