@@ -524,20 +524,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let nvme: Arc<dyn Tier> =
             Arc::new(crate::tier::NvmeTier::open(dir.path().to_path_buf(), 100 * KIB).unwrap());
-        // Half the ring: a 12 KiB quota leaves this worker 6 KiB of the mount.
-        let rules = || {
-            vec![
-                MountRule::new("/q", "s3://b/q", None, Some(12 * KIB), 0.5),
-                MountRule::new("/inner", "s3://b/q/inner", None, None, 0.5),
-            ]
+        // /q with a quota, and a mount inside it without one.
+        let quota_upkeep = |quota: u64, ring_share: f64| {
+            let rules = move || {
+                vec![
+                    MountRule::new("/q", "s3://b/q", None, Some(quota), ring_share),
+                    MountRule::new("/inner", "s3://b/q/inner", None, None, ring_share),
+                ]
+            };
+            Upkeep::new(
+                &[memory.clone(), nvme.clone()],
+                &marks(100, 100),
+                PinSet::new(),
+                rules,
+                ManualClock::new(),
+            )
         };
-        let upkeep = Upkeep::new(
-            &[memory.clone(), nvme.clone()],
-            &marks(100, 100),
-            PinSet::new(),
-            rules,
-            ManualClock::new(),
-        );
+        // Half the ring: a 12 KiB quota leaves this worker 6 KiB of the mount.
+        let upkeep = quota_upkeep(12 * KIB, 0.5);
         fill(&memory, "s3://b/q", 4).await;
         fill(&nvme, "s3://b/q", 4).await;
         fill(&nvme, "s3://b/other", 10).await;
@@ -549,19 +553,7 @@ mod tests {
         assert_eq!((memory.usage().blocks, nvme.usage().blocks), (4, 15), "NVMe gave up two of its four");
         assert_eq!(upkeep.mount_bytes(), swept.mount_bytes);
         // More than NVMe holds of it: then DRAM.
-        let rules = || {
-            vec![
-                MountRule::new("/q", "s3://b/q", None, Some(KIB), 1.0),
-                MountRule::new("/inner", "s3://b/q/inner", None, None, 1.0),
-            ]
-        };
-        let upkeep = Upkeep::new(
-            &[memory.clone(), nvme.clone()],
-            &marks(100, 100),
-            PinSet::new(),
-            rules,
-            ManualClock::new(),
-        );
+        let upkeep = quota_upkeep(KIB, 1.0);
         assert_eq!(upkeep.sweep().await.quota.blocks, 5);
         assert_eq!((memory.usage().blocks, nvme.usage().blocks), (1, 13), "other mounts untouched");
     }

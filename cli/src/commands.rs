@@ -441,15 +441,8 @@ async fn ls(target: &Target, path: &str, as_json: bool) -> Result<()> {
 
 /// The pins covering `path` (at it or above it), most specific first.
 fn pins_covering<'p>(pins: &'p [strata_client::PinInfo], path: &str) -> Vec<&'p strata_client::PinInfo> {
-    let mut covering: Vec<_> = pins
-        .iter()
-        .filter(|p| {
-            let root = p.path.trim_end_matches('/');
-            path == p.path
-                || root.is_empty()
-                || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
-        })
-        .collect();
+    let mut covering: Vec<_> =
+        pins.iter().filter(|p| strata_common::path::strip_mount(&p.path, path).is_some()).collect();
     covering.sort_by_key(|p| std::cmp::Reverse(p.path.len()));
     covering
 }
@@ -458,10 +451,7 @@ fn pins_covering<'p>(pins: &'p [strata_client::PinInfo], path: &str) -> Vec<&'p 
 /// /p`), else its mount's `cache_ttl` option (`mount /m`). `None` when neither, or when the
 /// master cannot say.
 async fn effective_cache_ttl(client: &Client, path: &str) -> Option<(u64, String)> {
-    let under = |root: &str| {
-        let root = root.trim_end_matches('/');
-        path == root || root.is_empty() || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'))
-    };
+    let under = |root: &str| strata_common::path::strip_mount(root, path).is_some();
     let ttls = client.cache_ttls().await.unwrap_or_default();
     if let Some(t) = ttls.iter().filter(|t| under(&t.path)).max_by_key(|t| t.path.len()) {
         return Some((t.cache_ttl_ms, format!("ttl {}", t.path)));

@@ -1,33 +1,20 @@
 //! `strata worker --drain` with real processes: a master, two workers on a local-dir mount; the
 //! worker started with `--drain` gets SIGTERM, hands its blocks to the other, and exits 0.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use strata_client::{Client, ClientConfig, Token};
-use strata_testkit::pattern;
 
 mod common;
-use common::{Proc, admin_token_file, master_args, spawn_until, strata, wait_for, worker_args};
+use common::{admin_token_file, master_args, run_against, spawn_logged, ufs_files, wait_for, worker_args};
 
 const FILES: usize = 30;
 const FILE_LEN: usize = 256 * 1024;
 
-fn spawn(args: &[&str], prefix: &str, log: &Path) -> (Proc, String) {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let mut cmd = strata();
-    cmd.args(args);
-    spawn_until(cmd, prefix, log)
-}
-
-fn run(master: &str, args: &[&str]) -> Output {
-    strata().arg("--master").arg(master).args(args).output().unwrap()
-}
-
 fn worker_status(master: &str, id: &str) -> Option<Value> {
-    let out = run(master, &["status", "--json"]);
+    let out = run_against(master, &["status", "--json"]);
     let status: Value = serde_json::from_slice(&out.stdout).ok()?;
     status["workers"].as_array()?.iter().find(|w| w["id"] == id).cloned()
 }
@@ -43,27 +30,20 @@ async fn read_all_files(client: &Client, files: &[Vec<u8>]) {
 fn a_worker_started_with_drain_hands_its_blocks_off_on_sigterm_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let ufs = dir.path().join("ufs");
-    std::fs::create_dir_all(&ufs).unwrap();
-    let files: Vec<Vec<u8>> = (0..FILES)
-        .map(|i| {
-            let data = pattern(FILE_LEN, i as u64 + 31);
-            std::fs::write(ufs.join(format!("f{i}.bin")), &data).unwrap();
-            data
-        })
-        .collect();
+    let files = ufs_files(&ufs, FILES, FILE_LEN, 31);
     let config = dir.path().join("master.toml");
     std::fs::write(&config, "worker_timeout_ms = 60000\nheartbeat_interval_ms = 200\n").unwrap();
     let args = master_args(&config, &dir.path().join("master"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (_master, master) = spawn(&args, "master listening on ", &dir.path().join("master.log"));
+    let (_master, master) = spawn_logged(&args, "master listening on ", &dir.path().join("master.log"));
     let mut draining_args = worker_args(&master, &dir.path().join("worker-0"), "64MiB", "64MiB");
     draining_args.extend(["--drain", "--drain-timeout", "60s"].map(String::from));
     let draining_args: Vec<&str> = draining_args.iter().map(String::as_str).collect();
     let drain_log = dir.path().join("worker-0.log");
-    let (mut leaving, leaving_id) = spawn(&draining_args, "worker ", &drain_log);
+    let (mut leaving, leaving_id) = spawn_logged(&draining_args, "worker ", &drain_log);
     let staying_args = worker_args(&master, &dir.path().join("worker-1"), "64MiB", "64MiB");
     let staying_args: Vec<&str> = staying_args.iter().map(String::as_str).collect();
-    let (_staying, staying_id) = spawn(&staying_args, "worker ", &dir.path().join("worker-1.log"));
+    let (_staying, staying_id) = spawn_logged(&staying_args, "worker ", &dir.path().join("worker-1.log"));
     wait_for("2 live workers", Duration::from_secs(30), || {
         let both = [&leaving_id, &staying_id]
             .iter()
@@ -71,8 +51,10 @@ fn a_worker_started_with_drain_hands_its_blocks_off_on_sigterm_and_exits_0() {
         both.then_some(())
     });
     let uri = format!("file://{}", ufs.display());
-    let out =
-        run(&master, &["mount", "add", "/data", &uri, "-o", "block_size=1MiB", "-o", "metadata_ttl=600s"]);
+    let out = run_against(
+        &master,
+        &["mount", "add", "/data", &uri, "-o", "block_size=1MiB", "-o", "metadata_ttl=600s"],
+    );
     assert!(out.status.success(), "mount add: {}", String::from_utf8_lossy(&out.stderr));
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

@@ -4,33 +4,22 @@
 //! the kernel and never answered). `kill -9` is covered by the crash tests; a freeze is the case
 //! that used to stall reads for the request timeout.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use strata_client::{Client, ClientConfig, Token};
-use strata_testkit::pattern;
 
 mod common;
-use common::{Proc, admin_token_file, master_args, spawn_until, strata, wait_for, worker_args};
+use common::{
+    Proc, admin_token_file, master_args, run_against, spawn_logged, ufs_files, wait_for, worker_args,
+};
 
 const FILES: usize = 60;
 const FILE_LEN: usize = 256 * 1024;
 
-fn spawn(args: &[&str], prefix: &str, log: &Path) -> (Proc, String) {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let mut cmd = strata();
-    cmd.args(args);
-    spawn_until(cmd, prefix, log)
-}
-
-fn run(master: &str, args: &[&str]) -> Output {
-    strata().arg("--master").arg(master).args(args).output().unwrap()
-}
-
 fn status(master: &str) -> Value {
-    let out = run(master, &["status", "--json"]);
+    let out = run_against(master, &["status", "--json"]);
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
@@ -68,14 +57,7 @@ async fn read_all_files(client: &Client, files: &[Vec<u8>]) -> (Duration, Vec<St
 fn a_frozen_worker_fails_no_read_holds_none_for_a_second_and_is_reported_suspect() {
     let dir = tempfile::tempdir().unwrap();
     let ufs = dir.path().join("ufs");
-    std::fs::create_dir_all(&ufs).unwrap();
-    let files: Vec<Vec<u8>> = (0..FILES)
-        .map(|i| {
-            let data = pattern(FILE_LEN, i as u64 + 7);
-            std::fs::write(ufs.join(format!("f{i}.bin")), &data).unwrap();
-            data
-        })
-        .collect();
+    let files = ufs_files(&ufs, FILES, FILE_LEN, 7);
     let config = dir.path().join("master.toml");
     // Suspect after 2 s (three 200 ms heartbeats, 2 s at least); lost only after 60 s, so the
     // whole test runs with the frozen worker still on the ring: reads must route around it,
@@ -83,12 +65,12 @@ fn a_frozen_worker_fails_no_read_holds_none_for_a_second_and_is_reported_suspect
     std::fs::write(&config, "worker_timeout_ms = 60000\nheartbeat_interval_ms = 200\n").unwrap();
     let args = master_args(&config, &dir.path().join("master"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (_master, master) = spawn(&args, "master listening on ", &dir.path().join("master.log"));
+    let (_master, master) = spawn_logged(&args, "master listening on ", &dir.path().join("master.log"));
     let workers: Vec<Proc> = (0..3)
         .map(|i| {
             let args = worker_args(&master, &dir.path().join(format!("worker-{i}")), "64MiB", "0");
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            spawn(&args, " serving data on ", &dir.path().join(format!("worker-{i}.log"))).0
+            spawn_logged(&args, " serving data on ", &dir.path().join(format!("worker-{i}.log"))).0
         })
         .collect();
     wait_for("3 live workers", Duration::from_secs(30), || {
@@ -96,8 +78,10 @@ fn a_frozen_worker_fails_no_read_holds_none_for_a_second_and_is_reported_suspect
         (live == 3).then_some(())
     });
     let uri = format!("file://{}", ufs.display());
-    let out =
-        run(&master, &["mount", "add", "/data", &uri, "-o", "block_size=1MiB", "-o", "metadata_ttl=600s"]);
+    let out = run_against(
+        &master,
+        &["mount", "add", "/data", &uri, "-o", "block_size=1MiB", "-o", "metadata_ttl=600s"],
+    );
     assert!(out.status.success(), "mount add: {}", String::from_utf8_lossy(&out.stderr));
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();

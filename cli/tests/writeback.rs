@@ -4,7 +4,7 @@
 //! end of the upload; `kill -9`, restarts, and the objects in the bucket compared byte for byte.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -12,22 +12,13 @@ use serde_json::Value;
 use strata_testkit::{TestUfs, Tmpfs, pattern};
 
 mod common;
-use common::{Proc, master_args, spawn_until, wait_for, worker_token_file};
+use common::{Proc, master_args, spawn_logged, wait_for, worker_token_file};
 
 /// `strata` as [`common::strata`], logging at info level (the tests read the logs).
 fn strata() -> Command {
     let mut c = common::strata();
     c.env("RUST_LOG", "info");
     c
-}
-
-/// Spawns `strata ARGS` (stderr to `log`) and returns it with the first word after `prefix` on
-/// its stdout.
-fn spawn(args: &[&str], prefix: &str, log: &Path) -> (Proc, String) {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    let mut cmd = strata();
-    cmd.args(args);
-    spawn_until(cmd, prefix, log)
 }
 
 /// A master, three workers, and the Garage bucket under a fresh prefix.
@@ -53,7 +44,8 @@ impl Cluster {
         .unwrap();
         let args = master_args(&config, &dir.path().join("master"));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (master_proc, master) = spawn(&args, "master listening on ", &dir.path().join("master.log"));
+        let (master_proc, master) =
+            spawn_logged(&args, "master listening on ", &dir.path().join("master.log"));
         let mut cluster =
             Cluster { dir, _master: master_proc, master, workers: Vec::new(), journal_dirs, s3 };
         for i in 0..cluster.journal_dirs.len() {
@@ -95,7 +87,7 @@ impl Cluster {
             args.extend(["--journal-dir".into(), j.display().to_string()]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        spawn(&args, " serving data on ", &self.dir.path().join(format!("worker-{i}.log"))).0
+        spawn_logged(&args, " serving data on ", &self.dir.path().join(format!("worker-{i}.log"))).0
     }
 
     fn worker_id(&self, i: usize) -> String {

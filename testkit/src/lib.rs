@@ -306,6 +306,30 @@ impl Cluster {
         Client::connect(self.client_config()).await.expect("client connects")
     }
 
+    /// Writes `n` files of about 1 MiB each under `dir` of the `/data` mount (file `i` is
+    /// `1 MiB - 7 i` bytes of `pattern(seed + i)`), reads each once through `client` checking
+    /// its bytes, so the cluster holds them; returns their paths and bytes.
+    pub async fn warm_files(
+        &self,
+        client: &Client,
+        dir: &str,
+        n: usize,
+        seed: u64,
+    ) -> Vec<(String, Vec<u8>)> {
+        let files: Vec<(String, Vec<u8>)> = (0..n)
+            .map(|i| {
+                let data = pattern((1 << 20) - 7 * i, seed + i as u64);
+                self.write_file(&format!("{dir}/f{i}.bin"), &data);
+                (format!("/data/{dir}/f{i}.bin"), data)
+            })
+            .collect();
+        for (path, data) in &files {
+            let got = client.read_all(path).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert!(got[..] == data[..], "{path}: wrong bytes");
+        }
+        files
+    }
+
     /// Writes a file into a directory UFS (relative to the `/data` mount).
     pub fn write_file(&self, rel: &str, bytes: &[u8]) -> PathBuf {
         let path = self.ufs.dir().join(rel);

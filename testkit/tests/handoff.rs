@@ -6,25 +6,15 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use strata_common::BlockKey;
-use strata_testkit::{Cluster, ClusterOptions, pattern};
+use strata_testkit::{Cluster, ClusterOptions};
 use strata_worker::handoff;
 
-const MIB: usize = 1 << 20;
 const FILES: usize = 40;
 
 async fn warm_cluster() -> (Cluster, strata_client::Client, Vec<(String, Vec<u8>)>, u64) {
     let cluster = Cluster::start(ClusterOptions::default()).await;
-    let files: Vec<(String, Vec<u8>)> = (0..FILES)
-        .map(|i| {
-            let data = pattern(MIB - 7 * i, 900 + i as u64);
-            cluster.write_file(&format!("warm/f{i}.bin"), &data);
-            (format!("/data/warm/f{i}.bin"), data)
-        })
-        .collect();
     let client = cluster.client().await;
-    for (path, data) in &files {
-        assert_eq!(client.read_all(path).await.unwrap()[..], data[..], "{path}");
-    }
+    let files = cluster.warm_files(&client, "warm", FILES, 900).await;
     let warm = cluster.ufs_reads();
     assert_eq!(warm, FILES as u64, "one UFS read per block");
     (cluster, client, files, warm)

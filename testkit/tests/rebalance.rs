@@ -2,25 +2,14 @@
 //! it before (peer fetch) instead of the UFS. Background hand-off is off here, so what is
 //! measured is the on-demand fetch alone (tests/handoff.rs measures the hand-off).
 
-use strata_testkit::{Cluster, ClusterOptions, pattern};
-
-const MIB: usize = 1 << 20;
+use strata_testkit::{Cluster, ClusterOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_added_to_a_warm_cluster_takes_its_blocks_from_peers_not_the_ufs() {
     let mut cluster =
         Cluster::start(ClusterOptions { handoff_bandwidth: 0, ..ClusterOptions::default() }).await;
-    let files: Vec<(String, Vec<u8>)> = (0..40)
-        .map(|i| {
-            let data = pattern(MIB - 7 * i, 500 + i as u64);
-            cluster.write_file(&format!("warm/f{i}.bin"), &data);
-            (format!("/data/warm/f{i}.bin"), data)
-        })
-        .collect();
     let client = cluster.client().await;
-    for (path, data) in &files {
-        assert_eq!(client.read_all(path).await.unwrap()[..], data[..], "{path}");
-    }
+    let files = cluster.warm_files(&client, "warm", 40, 500).await;
     let warm = cluster.ufs_reads();
     assert_eq!(warm, 40, "one UFS read per block");
 

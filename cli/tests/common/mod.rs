@@ -109,3 +109,30 @@ pub fn worker_args(master: &str, data_dir: &std::path::Path, memory: &str, nvme:
     args.extend(["--token-file".to_string(), worker_token_file().display().to_string()]);
     args
 }
+
+/// Spawns `strata ARGS` (stderr appended to `log`) and returns it with the first word after
+/// `prefix` on its stdout.
+pub fn spawn_logged(args: &[&str], prefix: &str, log: &std::path::Path) -> (Proc, String) {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+    let mut cmd = strata();
+    cmd.args(args);
+    spawn_until(cmd, prefix, log)
+}
+
+/// `strata --master MASTER ARGS`, run to completion (the shared admin token via `strata()`).
+pub fn run_against(master: &str, args: &[&str]) -> std::process::Output {
+    strata().arg("--master").arg(master).args(args).output().unwrap()
+}
+
+/// Writes `n` files `f{i}.bin` of `len` bytes (`pattern(len, seed + i)`) into the directory
+/// `ufs`, creating it; returns their bytes.
+pub fn ufs_files(ufs: &std::path::Path, n: usize, len: usize, seed: u64) -> Vec<Vec<u8>> {
+    std::fs::create_dir_all(ufs).unwrap();
+    (0..n)
+        .map(|i| {
+            let data = strata_testkit::pattern(len, seed + i as u64);
+            std::fs::write(ufs.join(format!("f{i}.bin")), &data).unwrap();
+            data
+        })
+        .collect()
+}
