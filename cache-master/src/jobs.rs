@@ -8,6 +8,13 @@
 //!   retargeted and tasks leased to a worker that left are queued again for the new owner;
 //! - only the worker a task is leased to can complete it (a late report from a worker the task
 //!   was taken from is ignored);
+//! - a small file (one block, under its mount's `pack_threshold`) is not a task of its own: its
+//!   load joins a batch for the same owner and replica, which becomes one task when it holds
+//!   [`BATCH_FILES`] files or [`BATCH_BYTES`], or when the runner flushes (the listing paused or
+//!   ended), so a worker fetches, stores (one packed append) and reports many small files at
+//!   once. A batch's outcome is per file: the files that failed temporarily are retried as a
+//!   smaller batch, the others finish. When the ring changes, a batch whose files now belong to
+//!   several owners is split;
 //! - progress is durable at a *prefix*: files are numbered in listing order (which is
 //!   deterministic, see `strata_ufs::Ufs::list_recursive`) and the record's `cursor` is the last path
 //!   such that it and every file before it have finished. A resumed job lists again after the
@@ -15,6 +22,7 @@
 //!   their blocks), and none is counted twice.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::mem;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +37,10 @@ pub const MAX_FAILURES_KEPT: usize = 1000;
 /// Longest failure reason kept, so a job's failure list stays a bounded message (1,000 of them
 /// fit in about 1 MiB).
 pub const MAX_REASON_BYTES: usize = 1024;
+/// Small files a batch task carries at most.
+pub const BATCH_FILES: usize = 64;
+/// Bytes of small files a batch task carries at most (it is full at the file that reaches it).
+pub const BATCH_BYTES: u64 = 8 << 20;
 
 /// `reason`, cut at a character boundary to [`MAX_REASON_BYTES`].
 fn kept_reason(mut reason: String) -> String {
@@ -174,6 +186,8 @@ pub struct FileIn {
     pub loads: Vec<(u64, u64, usize)>,
     /// Loads not needed: the block map says the target already holds the block.
     pub skipped: u64,
+    /// A small file (one block under its mount's `pack_threshold`): its loads join batches.
+    pub small: bool,
 }
 
 /// A block load handed to a worker.
@@ -190,6 +204,26 @@ pub struct LoadTask {
     pub bandwidth: u64,
     /// The job's loads in flight per worker; 0 = the worker's default.
     pub parallelism: u32,
+    /// A batch of small files (each its whole block 0); `path`, `version`, `file_size` and
+    /// `index` are then unused.
+    pub files: Vec<SmallFileLoad>,
+}
+
+/// One small file of a batch [`LoadTask`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmallFileLoad {
+    pub path: String,
+    pub version: String,
+    pub size: u64,
+}
+
+/// What became of one file of a batch task.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileOutcome {
+    pub ok: bool,
+    pub already_cached: bool,
+    pub error: String,
+    pub temporary: bool,
 }
 
 /// A worker's outcome of one [`LoadTask`].
@@ -203,6 +237,9 @@ pub struct LoadTaskResult {
     pub error: String,
     /// The failure may go away: try again after a backoff.
     pub temporary: bool,
+    /// A batch task's outcome per file, in its order (`ok`: every file loaded). Empty: the
+    /// whole task had the outcome above.
+    pub files: Vec<FileOutcome>,
 }
 
 /// A file that failed, and why.
@@ -241,6 +278,25 @@ struct FileState {
     progress: Progress,
 }
 
+/// A small file waiting in, or carried by, a batch task.
+#[derive(Debug, Clone)]
+struct BatchFile {
+    seq: u64,
+    path: String,
+    version: String,
+    size: u64,
+    hash: u64,
+}
+
+/// Small files gathering for one (job, replica, target) until they make a batch task.
+#[derive(Debug, Default)]
+struct Gathering {
+    files: Vec<BatchFile>,
+    bytes: u64,
+    block_size: u64,
+    replicas: usize,
+}
+
 #[derive(Debug, Clone)]
 struct Task {
     job: String,
@@ -257,6 +313,8 @@ struct Task {
     leased_until: Option<Instant>,
     not_before: Instant,
     attempts: u32,
+    /// A batch of small files (the fields above that name one block are unused then).
+    files: Vec<BatchFile>,
 }
 
 #[derive(Debug)]
@@ -320,6 +378,8 @@ pub struct Jobs {
     tasks: HashMap<u64, Task>,
     /// Queued (not leased) tasks per target worker.
     queues: HashMap<String, VecDeque<u64>>,
+    /// Small files not yet in a batch task, by (job, replica, target).
+    gathering: BTreeMap<(String, usize, Option<String>), Gathering>,
     ring: Ring,
     next_task: u64,
 }
@@ -332,6 +392,7 @@ impl Jobs {
             jobs: BTreeMap::new(),
             tasks: HashMap::new(),
             queues: HashMap::new(),
+            gathering: BTreeMap::new(),
             ring: Ring::default(),
             next_task: task_id_base,
         }
@@ -356,6 +417,11 @@ impl Jobs {
 
     pub fn is_running(&self, id: &str) -> bool {
         self.jobs.get(id).is_some_and(|j| !j.record.phase.is_final())
+    }
+
+    /// Tasks in the table (queued or leased).
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
     }
 
     /// Files of the job in flight (listed, not yet in the prefix).
@@ -404,6 +470,17 @@ impl Jobs {
         }
         job.window.insert(seq, state);
         for (index, hash, replica) in file.loads {
+            if file.small && index == 0 {
+                let small = BatchFile {
+                    seq,
+                    path: file.path.clone(),
+                    version: file.version.clone(),
+                    size: file.size,
+                    hash,
+                };
+                self.gather(id, small, replica, replicas, file.block_size, now);
+                continue;
+            }
             let task_id = self.next_task;
             self.next_task += 1;
             let target = target_of(&self.ring, hash, replicas, replica);
@@ -427,11 +504,90 @@ impl Jobs {
                     leased_until: None,
                     not_before: now,
                     attempts: 0,
+                    files: Vec::new(),
                 },
             );
         }
-        job.commit();
+        if let Some(job) = self.jobs.get_mut(id) {
+            job.commit();
+        }
         self.fail_unplaceable();
+    }
+
+    /// A small file's load joins the batch gathering for its owner; a full batch becomes a task.
+    fn gather(
+        &mut self,
+        job: &str,
+        file: BatchFile,
+        replica: usize,
+        replicas: usize,
+        block_size: u64,
+        now: Instant,
+    ) {
+        let target = target_of(&self.ring, file.hash, replicas, replica);
+        let key = (job.to_string(), replica, target);
+        let g = self.gathering.entry(key.clone()).or_default();
+        g.bytes += file.size;
+        g.block_size = block_size;
+        g.replicas = replicas;
+        g.files.push(file);
+        if g.files.len() >= BATCH_FILES || g.bytes >= BATCH_BYTES {
+            let g = self.gathering.remove(&key).expect("just filled");
+            self.batch_task(&key.0, key.1, key.2, g, 0, now);
+        }
+    }
+
+    /// Turns every gathering batch of job `id` into a task (the listing paused or ended);
+    /// returns whether any was made.
+    pub fn flush_batches(&mut self, id: &str, now: Instant) -> bool {
+        let keys: Vec<_> = self.gathering.keys().filter(|(job, _, _)| job == id).cloned().collect();
+        for key in &keys {
+            let g = self.gathering.remove(key).expect("listed above");
+            self.batch_task(&key.0, key.1, key.2.clone(), g, 0, now);
+        }
+        if !keys.is_empty() {
+            self.fail_unplaceable();
+        }
+        !keys.is_empty()
+    }
+
+    /// Queues one batch task for `target` (none: no worker can take it; `fail_unplaceable`
+    /// fails it).
+    fn batch_task(
+        &mut self,
+        job: &str,
+        replica: usize,
+        target: Option<String>,
+        g: Gathering,
+        attempts: u32,
+        not_before: Instant,
+    ) {
+        let task_id = self.next_task;
+        self.next_task += 1;
+        if let Some(t) = &target {
+            self.queues.entry(t.clone()).or_default().push_back(task_id);
+        }
+        let first = g.files.first().cloned();
+        self.tasks.insert(
+            task_id,
+            Task {
+                job: job.to_string(),
+                seq: first.as_ref().map_or(0, |f| f.seq),
+                path: first.as_ref().map_or_else(String::new, |f| f.path.clone()),
+                version: String::new(),
+                file_size: 0,
+                block_size: g.block_size,
+                index: 0,
+                hash: first.as_ref().map_or(0, |f| f.hash),
+                replica,
+                replicas: g.replicas,
+                target,
+                leased_until: None,
+                not_before,
+                attempts,
+                files: g.files,
+            },
+        );
     }
 
     fn file_finished(f: &mut FileState, first_pass: bool) {
@@ -467,6 +623,11 @@ impl Jobs {
                 index: task.index,
                 bandwidth: settings.bandwidth,
                 parallelism: settings.parallelism,
+                files: task
+                    .files
+                    .iter()
+                    .map(|f| SmallFileLoad { path: f.path.clone(), version: f.version.clone(), size: f.size })
+                    .collect(),
             });
         }
         while let Some(t) = deferred.pop_back() {
@@ -487,6 +648,14 @@ impl Jobs {
                 self.tasks.remove(&r.task_id);
                 continue;
             };
+            if !task.files.is_empty() {
+                let job_id = task.job.clone();
+                self.report_batch(r, now);
+                if !touched.contains(&job_id) {
+                    touched.push(job_id);
+                }
+                continue;
+            }
             if !r.ok && r.temporary && task.attempts + 1 < MAX_ATTEMPTS {
                 let task = self.tasks.get_mut(&r.task_id).expect("looked up above");
                 task.attempts += 1;
@@ -507,12 +676,79 @@ impl Jobs {
         touched
     }
 
+    /// A batch task's outcome (the worker it was leased to is checked already): files that
+    /// loaded or failed for good finish; those that failed temporarily go back as a smaller
+    /// batch after a backoff, until their attempts run out.
+    fn report_batch(&mut self, r: &LoadTaskResult, now: Instant) {
+        let Some(task) = self.tasks.remove(&r.task_id) else { return };
+        let whole = FileOutcome {
+            ok: r.ok,
+            already_cached: r.already_cached,
+            error: r.error.clone(),
+            temporary: r.temporary,
+        };
+        let mut retry = Vec::new();
+        for (i, f) in task.files.iter().enumerate() {
+            let outcome = if r.files.len() == task.files.len() { &r.files[i] } else { &whole };
+            if !outcome.ok && outcome.temporary && task.attempts + 1 < MAX_ATTEMPTS {
+                if let Some(state) = self.jobs.get_mut(&task.job).and_then(|j| j.window.get_mut(&f.seq)) {
+                    state.progress.task_retries += 1;
+                }
+                retry.push(f.clone());
+                continue;
+            }
+            self.finish_load(&task.job, f.seq, 0, outcome.ok, outcome.already_cached, &outcome.error);
+        }
+        if !retry.is_empty() {
+            let attempts = task.attempts + 1;
+            let g = Gathering {
+                bytes: retry.iter().map(|f| f.size).sum(),
+                files: retry,
+                block_size: task.block_size,
+                replicas: task.replicas,
+            };
+            self.batch_task(
+                &task.job,
+                task.replica,
+                task.target.clone(),
+                g,
+                attempts,
+                now + backoff(attempts),
+            );
+        }
+        if let Some(job) = self.jobs.get_mut(&task.job) {
+            job.commit();
+        }
+    }
+
     /// Removes a task with its outcome and advances its file; returns its job.
     fn finish_task(&mut self, task_id: u64, ok: bool, already_cached: bool, error: &str) -> Option<String> {
         let task = self.tasks.remove(&task_id)?;
-        let job = self.jobs.get_mut(&task.job)?;
+        if !task.files.is_empty() {
+            for f in &task.files {
+                self.finish_load(&task.job, f.seq, 0, ok, already_cached, error);
+            }
+        } else {
+            self.finish_load(&task.job, task.seq, task.index, ok, already_cached, error);
+        }
+        self.jobs.get_mut(&task.job)?.commit();
+        Some(task.job)
+    }
+
+    /// One block load of file `seq` of `job_id` ended: its file advances (and finishes with its
+    /// last block).
+    fn finish_load(
+        &mut self,
+        job_id: &str,
+        seq: u64,
+        index: u64,
+        ok: bool,
+        already_cached: bool,
+        error: &str,
+    ) {
+        let Some(job) = self.jobs.get_mut(job_id) else { return };
         let first_pass = job.record.pass == 1;
-        let f = job.window.get_mut(&task.seq)?;
+        let Some(f) = job.window.get_mut(&seq) else { return };
         f.blocks_left = f.blocks_left.saturating_sub(1);
         if ok {
             if first_pass {
@@ -524,13 +760,11 @@ impl Jobs {
                 f.progress.blocks_verify_loaded += 1;
             }
         } else if f.failure.is_none() {
-            f.failure = Some(format!("block {}: {error}", task.index));
+            f.failure = Some(format!("block {index}: {error}"));
         }
         if f.blocks_left == 0 {
             Self::file_finished(f, first_pass);
         }
-        job.commit();
-        Some(task.job)
     }
 
     /// Fails the tasks no worker can take: the ring has fewer members than their replica
@@ -549,14 +783,55 @@ impl Jobs {
     }
 
     /// New membership: retarget queued tasks, take back tasks leased to workers that left.
+    /// Batches whose files now have several owners are split by owner, and small files still
+    /// gathering follow their new owners.
     pub fn set_ring(&mut self, ring: Ring, now: Instant) {
         self.ring = ring;
         self.queues.clear();
+        for ((job, replica, _), g) in mem::take(&mut self.gathering) {
+            let (block_size, replicas) = (g.block_size, g.replicas);
+            for f in g.files {
+                self.gather(&job, f, replica, replicas, block_size, now);
+            }
+        }
         let mut ids: Vec<u64> = self.tasks.keys().copied().collect();
         ids.sort_unstable();
         for id in ids {
+            let Some(task) = self.tasks.get(&id) else { continue };
+            if !task.files.is_empty() {
+                let targets: Vec<Option<String>> = task
+                    .files
+                    .iter()
+                    .map(|f| target_of(&self.ring, f.hash, task.replicas, task.replica))
+                    .collect();
+                if targets.iter().any(|t| *t != targets[0]) {
+                    let task = self.tasks.remove(&id).expect("looked up above");
+                    let mut groups: BTreeMap<Option<String>, Gathering> = BTreeMap::new();
+                    for (f, t) in task.files.into_iter().zip(targets) {
+                        let g = groups.entry(t).or_default();
+                        g.bytes += f.size;
+                        g.block_size = task.block_size;
+                        g.replicas = task.replicas;
+                        g.files.push(f);
+                    }
+                    for (target, g) in groups {
+                        self.batch_task(
+                            &task.job,
+                            task.replica,
+                            target,
+                            g,
+                            task.attempts,
+                            task.not_before.min(now),
+                        );
+                    }
+                    continue;
+                }
+            }
             let Some(task) = self.tasks.get_mut(&id) else { continue };
-            let target = target_of(&self.ring, task.hash, task.replicas, task.replica);
+            let target = match task.files.first() {
+                Some(f) => target_of(&self.ring, f.hash, task.replicas, task.replica),
+                None => target_of(&self.ring, task.hash, task.replicas, task.replica),
+            };
             // A lease stays where it is only if that worker is still this replica's owner.
             if task.leased_until.is_some() && target.is_some() && target == task.target {
                 continue;
@@ -586,8 +861,10 @@ impl Jobs {
         requeued
     }
 
-    /// The listing of the current pass is complete.
-    pub fn listing_done(&mut self, id: &str) {
+    /// The listing of the current pass is complete: small files still gathering go out as
+    /// batches.
+    pub fn listing_done(&mut self, id: &str, now: Instant) {
+        self.flush_batches(id, now);
         if let Some(job) = self.jobs.get_mut(id) {
             job.listing_done = true;
         }
@@ -643,6 +920,7 @@ impl Jobs {
         job.window.clear();
         job.dirty = true;
         self.tasks.retain(|_, t| t.job != id);
+        self.gathering.retain(|(job, _, _), _| job != id);
         for q in self.queues.values_mut() {
             q.retain(|t| self.tasks.contains_key(t));
         }
@@ -768,7 +1046,13 @@ mod tests {
             blocks,
             loads,
             skipped: 0,
+            small: false,
         }
+    }
+
+    /// A one-block file under the packing threshold: its load goes into a batch.
+    fn small_file(name: &str, replicas: usize) -> FileIn {
+        FileIn { small: true, size: 7, ..file(name, 1, replicas) }
     }
 
     fn xxhash_like(name: &str, i: u64) -> u64 {
@@ -794,7 +1078,7 @@ mod tests {
         jobs.insert(job("j", 2));
         jobs.add_file("j", file("f1", 3, 2), now);
         jobs.add_file("j", file("f2", 1, 2), now);
-        jobs.listing_done("j");
+        jobs.listing_done("j", now);
         let tasks = drain(&mut jobs, &["a", "b", "c"], now);
         assert_eq!(tasks.len(), 8);
         for (w, t) in &tasks {
@@ -828,7 +1112,7 @@ mod tests {
         jobs.set_ring(ring(&["a"]), t0);
         jobs.insert(job("j", 1));
         jobs.add_file("j", file("f", 1, 1), t0);
-        jobs.listing_done("j");
+        jobs.listing_done("j", t0);
         let mut now = t0;
         for attempt in 1..MAX_ATTEMPTS {
             let t = jobs.fetch("a", 10, now).pop().expect("task ready");
@@ -869,7 +1153,7 @@ mod tests {
         for i in 0..30 {
             jobs.add_file("j", file(&format!("f{i:02}"), 1, 1), now);
         }
-        jobs.listing_done("j");
+        jobs.listing_done("j", now);
         let leased = jobs.fetch("a", 1000, now);
         assert!(!leased.is_empty());
         jobs.set_ring(ring(&["b", "c"]), now);
@@ -890,7 +1174,7 @@ mod tests {
         jobs.set_ring(ring(&["a", "b"]), now);
         jobs.insert(job("j", 2));
         jobs.add_file("j", file("f", 1, 2), now);
-        jobs.listing_done("j");
+        jobs.listing_done("j", now);
         let a = jobs.fetch("a", 10, now);
         let b = jobs.fetch("b", 10, now);
         assert_eq!(a.len() + b.len(), 2);
@@ -948,7 +1232,7 @@ mod tests {
             settings: LoadSettings { replicas: 1, verify: true, ..Default::default() },
             ..job("j", 1)
         });
-        jobs.listing_done("j");
+        jobs.listing_done("j", now);
         assert_eq!(jobs.end_of_pass("j", 1), PassEnd::Verify);
         assert_eq!(jobs.record("j").unwrap().pass, 2);
         jobs.add_file("j", file("late", 2, 1), now);
@@ -956,6 +1240,128 @@ mod tests {
         assert!(jobs.fetch("a", 10, now).is_empty());
         assert_eq!(jobs.end_of_pass("j", 3), PassEnd::Finished(Phase::Cancelled));
         assert_eq!(jobs.cancel("nope", 1), Err(JobsError::NotFound("nope".into())));
+    }
+
+    #[test]
+    fn small_files_go_out_in_batches_of_one_owner_and_the_job_succeeds() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a", "b", "c"]), now);
+        jobs.insert(job("j", 1));
+        for i in 0..300 {
+            jobs.add_file("j", small_file(&format!("s{i:03}"), 1), now);
+        }
+        jobs.add_file("j", file("big", 3, 1), now);
+        let early = drain(&mut jobs, &["a", "b", "c"], now);
+        assert!(
+            early.iter().all(|(_, t)| t.files.len() == BATCH_FILES || t.files.is_empty()),
+            "only full batches before a flush"
+        );
+        jobs.listing_done("j", now);
+        let tasks: Vec<_> = early.into_iter().chain(drain(&mut jobs, &["a", "b", "c"], now)).collect();
+        let batched: usize = tasks.iter().map(|(_, t)| t.files.len()).sum();
+        assert_eq!(batched, 300, "every small file once");
+        assert_eq!(
+            tasks.iter().filter(|(_, t)| t.files.is_empty()).count(),
+            3,
+            "the big file's blocks stay tasks"
+        );
+        assert!(tasks.len() < 20, "{} tasks for 301 files", tasks.len());
+        for (w, t) in &tasks {
+            for f in &t.files {
+                let owner = &jobs.ring().owners(xxhash_like(f.path.trim_start_matches("/data/"), 0), 1)[0].id;
+                assert_eq!(owner, w, "{} is batched for its owner", f.path);
+                assert_eq!((f.version.as_str(), f.size), ("v1", 7));
+            }
+        }
+        for (w, t) in &tasks {
+            let mut r = ok(t);
+            r.files = t.files.iter().map(|_| FileOutcome { ok: true, ..Default::default() }).collect();
+            jobs.report(w, &[r], now);
+        }
+        assert_eq!(jobs.end_of_pass("j", 5), PassEnd::Finished(Phase::Succeeded));
+        let p = jobs.info("j").unwrap().progress;
+        assert_eq!((p.files_done, p.files_total, p.blocks_done, p.blocks_total), (301, 301, 303, 303));
+        assert_eq!(jobs.record("j").unwrap().cursor.as_deref(), Some("big"));
+    }
+
+    #[test]
+    fn a_batch_retries_only_its_files_that_failed_temporarily() {
+        let t0 = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a"]), t0);
+        jobs.insert(job("j", 1));
+        for i in 0..5 {
+            jobs.add_file("j", small_file(&format!("s{i}"), 1), t0);
+        }
+        jobs.listing_done("j", t0);
+        let t = jobs.fetch("a", 10, t0).pop().expect("one batch");
+        assert_eq!(t.files.len(), 5);
+        let outcome = |ok: bool, temporary: bool| FileOutcome {
+            ok,
+            temporary,
+            error: "ufs 503".into(),
+            ..Default::default()
+        };
+        let mut r = ok(&t);
+        r.ok = false;
+        // s0 ok, s1 and s3 temporary, s2 gone for good, s4 ok.
+        r.files = vec![
+            outcome(true, false),
+            outcome(false, true),
+            outcome(false, false),
+            outcome(false, true),
+            outcome(true, false),
+        ];
+        jobs.report("a", &[r], t0);
+        assert!(jobs.fetch("a", 10, t0).is_empty(), "the retry backs off");
+        let retry = jobs.fetch("a", 10, t0 + backoff(1)).pop().expect("retry batch");
+        let names: Vec<&str> = retry.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(names, ["/data/s1", "/data/s3"]);
+        let mut r = ok(&retry);
+        r.files = vec![outcome(true, false), outcome(true, false)];
+        jobs.report("a", &[r], t0 + backoff(1));
+        assert_eq!(jobs.end_of_pass("j", 9), PassEnd::Finished(Phase::Failed));
+        let info = jobs.info("j").unwrap();
+        assert_eq!((info.progress.files_done, info.progress.files_failed), (4, 1));
+        assert_eq!(info.progress.task_retries, 2);
+        assert_eq!(info.failures.len(), 1);
+        assert!(
+            info.failures[0].path == "/data/s2" && info.failures[0].reason.contains("ufs 503"),
+            "{:?}",
+            info.failures
+        );
+    }
+
+    #[test]
+    fn a_ring_change_splits_batches_by_their_new_owners() {
+        let now = Instant::now();
+        let mut jobs = Jobs::new(1);
+        jobs.set_ring(ring(&["a"]), now);
+        jobs.insert(job("j", 1));
+        for i in 0..40 {
+            jobs.add_file("j", small_file(&format!("s{i:02}"), 1), now);
+        }
+        jobs.flush_batches("j", now);
+        for i in 40..50 {
+            jobs.add_file("j", small_file(&format!("s{i:02}"), 1), now);
+        }
+        // One batch queued for a, ten files still gathering for a; then b and c join.
+        jobs.set_ring(ring(&["a", "b", "c"]), now);
+        jobs.listing_done("j", now);
+        let tasks = drain(&mut jobs, &["a", "b", "c"], now);
+        assert_eq!(tasks.iter().map(|(_, t)| t.files.len()).sum::<usize>(), 50);
+        assert!(tasks.iter().map(|(w, _)| w).collect::<std::collections::BTreeSet<_>>().len() == 3);
+        for (w, t) in &tasks {
+            for f in &t.files {
+                let owner = &jobs.ring().owners(xxhash_like(f.path.trim_start_matches("/data/"), 0), 1)[0].id;
+                assert_eq!(owner, w);
+            }
+            let mut r = ok(t);
+            r.files = t.files.iter().map(|_| FileOutcome { ok: true, ..Default::default() }).collect();
+            jobs.report(w, &[r], now);
+        }
+        assert_eq!(jobs.end_of_pass("j", 1), PassEnd::Finished(Phase::Succeeded));
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct Mount {
     pub cache_ttl: Option<std::time::Duration>,
     /// `quota`: bytes of the mount the cluster's tiers may hold together.
     pub quota: Option<u64>,
+    /// `pack_threshold`: files under this (one block) are small files, loaded in batches.
+    pub pack_threshold: u64,
     pub ufs: Arc<dyn Ufs>,
 }
 
@@ -95,6 +97,7 @@ impl Mount {
             read_replicas: options.read_replicas,
             cache_ttl: options.cache_ttl,
             quota: options.quota,
+            pack_threshold: options.pack_threshold,
             ufs,
         })
     }

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{Tokens, check_path};
 use crate::cluster::{Cluster, FileBlocks, Heartbeat};
 use crate::error::OpError;
-use crate::jobs::{JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
+use crate::jobs::{FileOutcome, JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
 use crate::metadata::Metadata;
 use crate::metrics_defs as m;
 use crate::mounts::{Mount, MountRecord};
@@ -1014,6 +1014,11 @@ fn load_task(t: LoadTask) -> pb::LoadTask {
         index: t.index,
         bandwidth: t.bandwidth,
         parallelism: t.parallelism,
+        files: t
+            .files
+            .into_iter()
+            .map(|f| pb::SmallFileLoad { path: f.path, version: f.version, size: f.size })
+            .collect(),
     }
 }
 
@@ -1025,6 +1030,16 @@ fn load_task_result(r: &pb::LoadTaskResult) -> LoadTaskResult {
         already_cached: r.already_cached,
         error: r.error.clone(),
         temporary: r.temporary,
+        files: r
+            .files
+            .iter()
+            .map(|f| FileOutcome {
+                ok: f.ok,
+                already_cached: f.already_cached,
+                error: f.error.clone(),
+                temporary: f.temporary,
+            })
+            .collect(),
     }
 }
 

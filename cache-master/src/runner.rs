@@ -41,6 +41,9 @@ const WINDOW: usize = 4096;
 const PERSIST_EVERY: Duration = Duration::from_millis(500);
 /// Longest a worker's poll for load tasks is held open.
 const MAX_TASK_WAIT: Duration = Duration::from_secs(5);
+/// How long small files may gather into batches while the listing goes on before the batches
+/// so far are handed out anyway (a slow listing must not leave the workers idle).
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 /// Everything a [`JobRunner`] works with, handed over at start-up.
 pub struct RunnerParams {
@@ -259,6 +262,13 @@ impl JobRunner {
         runners.push(handle);
     }
 
+    /// Hands out the batches of small files job `id` is gathering.
+    fn flush(&self, id: &str) {
+        if lock(&self.jobs).flush_batches(id, self.clock.now()) {
+            self.task_ready.notify_waiters();
+        }
+    }
+
     fn persist_job(&self, id: &str) {
         let record = lock(&self.jobs).take_dirty(id);
         if let Some(record) = record
@@ -279,7 +289,8 @@ impl JobRunner {
                 self.finished(id);
                 return;
             }
-            lock(&self.jobs).listing_done(id);
+            lock(&self.jobs).listing_done(id, self.clock.now());
+            self.task_ready.notify_waiters();
             loop {
                 let notified = self.progress.notified();
                 let end = lock(&self.jobs).end_of_pass(id, self.clock.wall_ms());
@@ -327,6 +338,7 @@ impl JobRunner {
         let mut listing = mount.ufs.list_recursive(&root, record.cursor.as_deref());
         // Pacing the store's writes is not a decision about the job: real time, like any wait.
         let mut last_persist = Instant::now();
+        let mut last_flush = Instant::now();
         while let Some(item) = listing.next().await {
             let file = item.map_err(|e| format!("listing {}: {e}", record.path))?;
             let rel_to_job = match file.path.strip_prefix(root.as_str()) {
@@ -374,6 +386,7 @@ impl JobRunner {
             let file_in = FileIn {
                 path: strata_path,
                 ufs_path: file.path,
+                small: strata_common::block::is_small_file(meta.size, mount.block_size, mount.pack_threshold),
                 version: meta.version,
                 size: meta.size,
                 block_size: mount.block_size,
@@ -381,9 +394,16 @@ impl JobRunner {
                 loads,
                 skipped,
             };
+            let before = lock(&self.jobs).task_count();
             lock(&self.jobs).add_file(id, file_in, self.clock.now());
-            if has_loads {
+            // Small files gather into batches: workers hear of a task when one is made, and
+            // batches still gathering go out when the listing slows down or pauses.
+            if has_loads && lock(&self.jobs).task_count() > before {
                 self.task_ready.notify_waiters();
+            }
+            if last_flush.elapsed() >= FLUSH_EVERY {
+                self.flush(id);
+                last_flush = Instant::now();
             }
             loop {
                 let notified = self.progress.notified();
@@ -394,6 +414,9 @@ impl JobRunner {
                 if lock(&self.jobs).window_len(id) < WINDOW {
                     break;
                 }
+                // The window is full: what is gathering must go out, or nothing would drain it.
+                self.flush(id);
+                last_flush = Instant::now();
                 let _ = tokio::time::timeout(PERSIST_EVERY, notified).await;
             }
         }

@@ -27,7 +27,7 @@ use crate::metrics_defs as m;
 use crate::mounts::{Mounts, Resolved};
 use crate::qos::Qos;
 use crate::stats::{CounterSnapshot, Counters};
-use crate::tier::TierError;
+use crate::tier::{PutParams, TierError};
 
 /// A read of one block range, as the storage layer takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,9 +66,9 @@ pub enum Payload {
     /// In memory (a DRAM block, or one just fetched).
     Bytes(Bytes),
     /// `len` bytes at `offset` of an open NVMe block file whose checksum was verified: sent
-    /// with `sendfile`, or the descriptor passed to a co-located client, never copied through
-    /// user space.
-    File { file: std::fs::File, offset: u64, len: u64 },
+    /// with `sendfile`, or (when `exclusive`: the file holds this block alone, not a packed
+    /// container) the descriptor passed to a co-located client, never copied through user space.
+    File { file: std::fs::File, offset: u64, len: u64, exclusive: bool },
 }
 
 impl Payload {
@@ -91,6 +91,10 @@ pub struct Served {
     pub source: Source,
     pub key: BlockKey,
 }
+
+/// A block of a batch load: where it is, its bytes when this load fetched them into DRAM, and
+/// whether a tier or a peer had it already.
+type Fetched = (Located, Option<Bytes>, bool);
 
 /// What a load task did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +205,10 @@ impl BlockService {
             r.version.clone(),
             r.index,
         );
-        Ok(Located { key, path: p, mount, rel, file_size: r.file_size, block_len })
+        let params = PutParams {
+            packed: block::is_small_file(r.file_size, mount.block_size, mount.options.pack_threshold),
+        };
+        Ok(Located { key, path: p, mount, rel, file_size: r.file_size, block_len, params })
     }
 
     /// [`locate`](Self::locate), and the requested range checked against the block.
@@ -244,8 +251,12 @@ impl BlockService {
         if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
             self.served(r.len);
             self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
-            let payload =
-                Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
+            let payload = Payload::File {
+                file: region.file,
+                offset: region.data_offset + r.offset,
+                len: r.len,
+                exclusive: region.exclusive,
+            };
             return Ok(Served { payload, source: Source::Nvme, key: at.key });
         }
         let (bytes, source) = self.read_bytes(r, &at).await?;
@@ -302,12 +313,65 @@ impl BlockService {
         let on_nvme =
             |e: TierError| ServeError::DiskFull { block: at.key.to_string(), reason: e.to_string() };
         if self.cache.contains(&at.key) {
-            self.cache.settle_on_nvme(&at.key, None).await.map_err(on_nvme)?;
+            self.cache.settle_on_nvme(&at.key, None, at.params).await.map_err(on_nvme)?;
             return Ok(LoadOutcome { already_cached: true, bytes: at.block_len });
         }
         let (bytes, source) = self.fetcher.block(&at, Durability::WriteThrough).await?;
-        self.cache.settle_on_nvme(&at.key, Some(bytes)).await.map_err(on_nvme)?;
+        self.cache.settle_on_nvme(&at.key, Some(bytes), at.params).await.map_err(on_nvme)?;
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: at.block_len })
+    }
+
+    /// Makes sure many whole blocks are cached (a warmup batch of small files): fetched
+    /// `parallelism` at a time (sharing the single flight with client reads, as `load` does),
+    /// kept in DRAM, then settled on NVMe together, so the small files' blocks of the batch
+    /// cost one packed append. One outcome per read, in order.
+    pub async fn load_many(
+        &self,
+        reads: &[BlockRead],
+        parallelism: usize,
+    ) -> Vec<Result<LoadOutcome, ServeError>> {
+        use futures::StreamExt;
+        // The futures are made up front: a lazily mapping stream would hold a closure over a
+        // borrowed read across awaits, which a spawned (Send) task cannot prove general enough.
+        let loads: Vec<_> = reads.iter().map(|r| self.fetch_for_load(r)).collect();
+        let fetched: Vec<Result<Fetched, ServeError>> =
+            futures::stream::iter(loads).buffered(parallelism.max(1)).collect().await;
+        let settle: Vec<(BlockKey, Option<Bytes>, PutParams)> = fetched
+            .iter()
+            .filter_map(|f| f.as_ref().ok())
+            .map(|(at, bytes, _)| (at.key.clone(), bytes.clone(), at.params))
+            .collect();
+        let mut settled = self.cache.settle_many_on_nvme(settle).await.into_iter();
+        fetched
+            .into_iter()
+            .map(|f| {
+                let (at, _, already_cached) = f?;
+                match settled.next() {
+                    Some(Err(e)) => {
+                        Err(ServeError::DiskFull { block: at.key.to_string(), reason: e.to_string() })
+                    }
+                    _ => Ok(LoadOutcome { already_cached, bytes: at.block_len }),
+                }
+            })
+            .collect()
+    }
+
+    /// One block of a batch load: named, and fetched into DRAM unless a tier holds it (then
+    /// `None`); whether it was cached before.
+    async fn fetch_for_load(&self, r: &BlockRead) -> Result<Fetched, ServeError> {
+        let at = self.locate(r).await?;
+        if block::write_back_id(&r.version).is_some() {
+            return Err(ServeError::InvalidArgument(format!(
+                "{} is a write-back file not uploaded yet: its holders' journals serve it",
+                at.path
+            )));
+        }
+        if self.cache.contains(&at.key) {
+            return Ok((at, None, true));
+        }
+        let (bytes, source) = self.fetcher.block(&at, Durability::ByCaller).await?;
+        let cached = !matches!(source, Source::Ufs);
+        Ok((at, Some(bytes), cached))
     }
 
     /// A Strata path resolved to its mount, if the mount may be written.

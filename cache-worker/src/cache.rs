@@ -13,9 +13,13 @@
 //!   misses that fill it down, it does not silently lose blocks;
 //! - an NVMe block is promoted into DRAM on its second NVMe hit, not its first (see
 //!   [`PROMOTE_AT_NVME_HITS`]): a one-pass read of NVMe blocks is served from NVMe and evicts
-//!   nothing from DRAM.
+//!   nothing from DRAM;
+//! - a block is kept with the [`PutParams`] it was fetched with (a small file's block is
+//!   `packed`) wherever it goes to NVMe: at once, when DRAM evicts it, or by the write-back
+//!   writer, which writes packed blocks in batches ([`WRITEBACK_BATCH_BYTES`]) so one append
+//!   carries many small files.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +35,7 @@ use tracing::{debug, warn};
 use crate::metrics_defs as m;
 use crate::qos::Qos;
 use crate::stats::Counters;
-use crate::tier::{Tier, TierError, TierKind, TierUsage};
+use crate::tier::{BlockPut, PutParams, Tier, TierError, TierKind, TierUsage};
 
 /// Default of `WorkerConfig::nvme_writeback_idle_ms`.
 pub const DEFAULT_WRITEBACK_IDLE: Duration = Duration::from_millis(1000);
@@ -42,6 +46,11 @@ const BUDGET_UNIT: u64 = 1024;
 /// less one per pass of the NVMe tier's main queue over it — the recent window. Reusing the
 /// tier's S3-FIFO count costs no second map; a tier that does not count (0) never promotes.
 pub const PROMOTE_AT_NVME_HITS: u8 = 2;
+/// Bytes of packed (small-file) blocks the write-back writer hands the NVMe tier in one batch:
+/// one container append for all of them, still short enough not to hold a read up.
+pub const WRITEBACK_BATCH_BYTES: u64 = 4 << 20;
+/// Blocks in one such batch at most.
+const WRITEBACK_BATCH_BLOCKS: usize = 256;
 
 /// When a block kept in the cache must be on NVMe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +59,9 @@ pub enum Durability {
     WriteBack,
     /// Queued for NVMe now (warmup: a block reported loaded is on NVMe).
     WriteThrough,
+    /// In DRAM only; the caller writes it to NVMe itself (a warmup batch of small files
+    /// settles all its blocks in one packed append, [`BlockCache::settle_many_on_nvme`]).
+    ByCaller,
 }
 
 /// A queued NVMe write of one block: it has ended (written, or failed and logged) when this
@@ -63,6 +75,9 @@ pub struct FileRegion {
     pub file: std::fs::File,
     pub data_offset: u64,
     pub len: u64,
+    /// The file holds this block alone and is never modified, so its descriptor may be handed
+    /// to a client (see [`crate::tier::FileSpan::exclusive`]).
+    pub exclusive: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,15 +110,16 @@ pub struct BlockCache {
 
 #[derive(Default)]
 struct Writeback {
-    dirty: Mutex<HashSet<BlockKey>>,
-    evicted: Mutex<Vec<(BlockKey, Bytes)>>,
+    /// Blocks in DRAM only, with how they are to be kept on NVMe.
+    dirty: Mutex<HashMap<BlockKey, PutParams>>,
+    evicted: Mutex<Vec<BlockPut>>,
 }
 
 impl Writeback {
     /// The DRAM tier's eviction sink: a dirty block leaving DRAM must reach NVMe.
     fn on_evict(&self, key: &BlockKey, bytes: &Bytes) {
-        if lock(&self.dirty).remove(key) {
-            lock(&self.evicted).push((key.clone(), bytes.clone()));
+        if let Some(params) = lock(&self.dirty).remove(key) {
+            lock(&self.evicted).push(BlockPut { key: key.clone(), data: bytes.clone(), params });
         }
     }
 }
@@ -189,6 +205,7 @@ impl BlockCache {
         key: &BlockKey,
         bytes: Bytes,
         in_memory: bool,
+        params: PutParams,
     ) -> Result<(), TierError> {
         let on_nvme = self.nvme.usage().capacity_bytes > 0;
         if in_memory || !on_nvme {
@@ -196,7 +213,7 @@ impl BlockCache {
             // The DRAM tier may have evicted dirty blocks to make room: they must reach NVMe.
             self.persist_evicted().await;
         }
-        if on_nvme { self.nvme.put(key, bytes).await } else { Ok(()) }
+        if on_nvme { self.nvme.put_with(key, bytes, params).await } else { Ok(()) }
     }
 
     /// The whole block from DRAM, without touching NVMe.
@@ -210,12 +227,17 @@ impl BlockCache {
         if !self.zero_copy.load(Ordering::Relaxed) || self.memory.contains(key) {
             return None;
         }
-        let (file, data_offset, len) = self.nvme.open_verified(key)?;
-        if len != block_len {
+        let span = self.nvme.open_verified(key)?;
+        if span.len != block_len {
             return None;
         }
         self.hit(TierKind::Nvme);
-        Some(FileRegion { file, data_offset, len })
+        Some(FileRegion {
+            file: span.file,
+            data_offset: span.offset,
+            len: span.len,
+            exclusive: span.exclusive,
+        })
     }
 
     /// The whole block from a tier: DRAM, else NVMe (promoted to DRAM from its second hit).
@@ -258,13 +280,19 @@ impl BlockCache {
     /// Returns the NVMe write when DRAM did not take the block (no DRAM tier, or a block larger
     /// than it): until that write ends no tier holds the block, so whoever must find it again
     /// (the fetcher's single flight) waits for it.
-    pub async fn keep(&self, key: &BlockKey, bytes: &Bytes, durability: Durability) -> Option<NvmeWrite> {
+    pub async fn keep(
+        &self,
+        key: &BlockKey,
+        bytes: &Bytes,
+        durability: Durability,
+        params: PutParams,
+    ) -> Option<NvmeWrite> {
         let write_back = durability == Durability::WriteBack
             && self.writeback_idle_ms.load(Ordering::Relaxed) > 0
             && self.nvme.usage().capacity_bytes > 0;
         // Dirty before it is in DRAM: an eviction right after the put must see it dirty.
         if write_back {
-            lock(&self.writeback.dirty).insert(key.clone());
+            lock(&self.writeback.dirty).insert(key.clone(), params);
         }
         let in_memory = match self.memory.put(key, bytes.clone()).await {
             Ok(()) => true,
@@ -274,11 +302,16 @@ impl BlockCache {
             }
         };
         let mut only_write = None;
+        if durability == Durability::ByCaller {
+            self.persist_evicted().await;
+            return None;
+        }
         if !write_back || !in_memory {
             if write_back {
                 lock(&self.writeback.dirty).remove(key);
             }
-            let write = self.write_nvme(key.clone(), bytes.clone()).await;
+            let write =
+                self.write_nvme(vec![BlockPut { key: key.clone(), data: bytes.clone(), params }]).await;
             if !in_memory {
                 only_write = write;
             }
@@ -287,49 +320,75 @@ impl BlockCache {
         only_write
     }
 
-    /// Queues the NVMe writes of dirty blocks DRAM has evicted (waiting for budget).
+    /// Queues the NVMe writes of dirty blocks DRAM has evicted (waiting for budget): the
+    /// packed ones as batches, the others one by one.
     async fn persist_evicted(&self) {
         let evicted = std::mem::take(&mut *lock(&self.writeback.evicted));
-        for (key, bytes) in evicted {
-            self.write_nvme(key, bytes).await;
+        for batch in batches(evicted) {
+            self.write_nvme(batch).await;
         }
     }
 
     /// Queues the NVMe writes of up to `limit` dirty blocks still in DRAM; how many it took.
     async fn persist_dirty(&self, limit: usize) -> usize {
-        let keys: Vec<BlockKey> = {
+        let keys: Vec<(BlockKey, PutParams)> = {
             let mut dirty = lock(&self.writeback.dirty);
-            let keys: Vec<BlockKey> = dirty.iter().take(limit).cloned().collect();
-            for key in &keys {
+            let keys: Vec<(BlockKey, PutParams)> =
+                dirty.iter().take(limit).map(|(k, p)| (k.clone(), *p)).collect();
+            for (key, _) in &keys {
                 dirty.remove(key);
             }
             keys
         };
-        for key in &keys {
-            // Gone from DRAM meanwhile (evicted while not dirty, or removed): nothing to keep.
-            if let Some(bytes) = self.memory.peek(key) {
-                self.write_nvme(key.clone(), bytes).await;
-            }
+        let taken = keys.len();
+        // Gone from DRAM meanwhile (evicted while not dirty, or removed): nothing to keep.
+        let blocks = keys
+            .into_iter()
+            .filter_map(|(key, params)| Some(BlockPut { data: self.memory.peek(&key)?, key, params }))
+            .collect();
+        for batch in batches(blocks) {
+            self.write_nvme(batch).await;
         }
-        keys.len()
+        taken
     }
 
-    /// Writes one dirty DRAM block to NVMe and waits until it is written; `false` when none is
-    /// left. One at a time, so a read that starts meanwhile shares the machine with at most one
-    /// block write (queuing many at once stalled reads for seconds on two cores).
+    /// Writes one dirty DRAM block to NVMe — or, for a packed one, a batch of packed ones (up
+    /// to [`WRITEBACK_BATCH_BYTES`]) in one append — and waits until it is written; `false` when
+    /// none is left. A little at a time, so a read that starts meanwhile shares the machine with
+    /// at most one write (queuing many at once stalled reads for seconds on two cores).
     async fn write_back_one(&self) -> bool {
-        let key = {
+        let taken: Vec<(BlockKey, PutParams)> = {
             let mut dirty = lock(&self.writeback.dirty);
-            let Some(key) = dirty.iter().next().cloned() else {
+            let Some((first, params)) = dirty.iter().next().map(|(k, p)| (k.clone(), *p)) else {
                 return false;
             };
-            dirty.remove(&key);
-            key
+            let mut taken = vec![(first, params)];
+            if params.packed {
+                let mut bytes = 0u64;
+                for (key, p) in dirty.iter() {
+                    if taken.len() >= WRITEBACK_BATCH_BLOCKS || bytes >= WRITEBACK_BATCH_BYTES {
+                        break;
+                    }
+                    if p.packed && *key != taken[0].0 {
+                        bytes += self.memory.peek(key).map_or(0, |b| b.len() as u64);
+                        taken.push((key.clone(), *p));
+                    }
+                }
+            }
+            for (key, _) in &taken {
+                dirty.remove(key);
+            }
+            taken
         };
-        if let Some(bytes) = self.memory.peek(&key)
-            && let Err(e) = self.nvme.put(&key, bytes).await
-        {
-            debug!(block = %key, tier = "nvme", err = %e, "not written back to nvme");
+        let blocks: Vec<BlockPut> = taken
+            .into_iter()
+            .filter_map(|(key, params)| Some(BlockPut { data: self.memory.peek(&key)?, key, params }))
+            .collect();
+        let keys: Vec<BlockKey> = blocks.iter().map(|b| b.key.clone()).collect();
+        for (key, result) in keys.iter().zip(self.nvme.put_many(blocks).await) {
+            if let Err(e) = result {
+                debug!(block = %key, tier = "nvme", err = %e, "not written back to nvme");
+            }
         }
         true
     }
@@ -347,17 +406,21 @@ impl BlockCache {
         }
     }
 
-    /// Queues an NVMe write, waiting for budget when too many bytes are already queued; the
-    /// write itself runs on its own task, returned.
-    async fn write_nvme(&self, key: BlockKey, bytes: Bytes) -> Option<NvmeWrite> {
-        let units = (bytes.len() as u64 / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
+    /// Queues an NVMe write of one block or one batch of packed blocks, waiting for budget
+    /// when too many bytes are already queued; the write itself runs on its own task, returned.
+    async fn write_nvme(&self, blocks: Vec<BlockPut>) -> Option<NvmeWrite> {
+        let bytes: u64 = blocks.iter().map(|b| b.data.len() as u64).sum();
+        let units = (bytes / BUDGET_UNIT + 1).min(self.nvme_budget_units as u64) as u32;
         let Ok(permit) = self.nvme_budget.clone().acquire_many_owned(units).await else {
             return None;
         };
         let nvme = self.nvme.clone();
         Some(tokio::spawn(async move {
-            if let Err(e) = nvme.put(&key, bytes).await {
-                debug!(block = %key, tier = "nvme", err = %e, "not cached on nvme");
+            let keys: Vec<BlockKey> = blocks.iter().map(|b| b.key.clone()).collect();
+            for (key, result) in keys.iter().zip(nvme.put_many(blocks).await) {
+                if let Err(e) = result {
+                    debug!(block = %key, tier = "nvme", err = %e, "not cached on nvme");
+                }
             }
             drop(permit);
         }))
@@ -367,12 +430,17 @@ impl BlockCache {
     /// (or from DRAM) and waiting for the write, so a warmup load is reported done only once
     /// its block is in the capacity tier. A write already in flight for it is waited for, and a
     /// full disk is evicted from and retried once by the tier itself.
-    pub async fn settle_on_nvme(&self, key: &BlockKey, bytes: Option<Bytes>) -> Result<(), TierError> {
+    pub async fn settle_on_nvme(
+        &self,
+        key: &BlockKey,
+        bytes: Option<Bytes>,
+        params: PutParams,
+    ) -> Result<(), TierError> {
         if self.nvme.usage().capacity_bytes == 0 || self.nvme.contains(key) {
             return Ok(());
         }
         match bytes.or_else(|| self.memory.peek(key)) {
-            Some(bytes) => self.nvme.put(key, bytes).await,
+            Some(bytes) => self.nvme.put_with(key, bytes, params).await,
             // Neither tier has it any more (evicted from DRAM meanwhile): the tier's put of it
             // may still be settling, so ask once more before saying it is not there.
             None => match self.nvme.get(key).await? {
@@ -382,6 +450,43 @@ impl BlockCache {
                 }
             },
         }
+    }
+
+    /// [`settle_on_nvme`](Self::settle_on_nvme) for many blocks at once (a warmup batch of small
+    /// files): the ones not on NVMe yet go to the tier in one `put_many`, so packed ones cost
+    /// one append. One result per block, in order.
+    pub async fn settle_many_on_nvme(
+        &self,
+        blocks: Vec<(BlockKey, Option<Bytes>, PutParams)>,
+    ) -> Vec<Result<(), TierError>> {
+        if self.nvme.usage().capacity_bytes == 0 {
+            return blocks.iter().map(|_| Ok(())).collect();
+        }
+        let mut results: Vec<Option<Result<(), TierError>>> = Vec::with_capacity(blocks.len());
+        let mut puts = Vec::new();
+        let mut put_at = Vec::new();
+        let mut missing = Vec::new();
+        for (i, (key, bytes, params)) in blocks.into_iter().enumerate() {
+            if self.nvme.contains(&key) {
+                results.push(Some(Ok(())));
+                continue;
+            }
+            results.push(None);
+            match bytes.or_else(|| self.memory.peek(&key)) {
+                Some(data) => {
+                    put_at.push(i);
+                    puts.push(BlockPut { key, data, params });
+                }
+                None => missing.push((i, key, params)),
+            }
+        }
+        for (i, result) in put_at.into_iter().zip(self.nvme.put_many(puts).await) {
+            results[i] = Some(result);
+        }
+        for (i, key, params) in missing {
+            results[i] = Some(self.settle_on_nvme(&key, None, params).await);
+        }
+        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
     /// Writes every dirty DRAM block to NVMe and waits until every queued NVMe write has
@@ -413,6 +518,30 @@ impl BlockCache {
     pub fn corrupt_blocks(&self) -> u64 {
         self.memory.corrupt_blocks() + self.nvme.corrupt_blocks()
     }
+}
+
+/// Blocks grouped for NVMe writes: packed ones in batches of up to [`WRITEBACK_BATCH_BYTES`]
+/// and [`WRITEBACK_BATCH_BLOCKS`], every other one alone.
+fn batches(blocks: Vec<BlockPut>) -> Vec<Vec<BlockPut>> {
+    let mut out = Vec::new();
+    let mut packed: Vec<BlockPut> = Vec::new();
+    let mut packed_bytes = 0u64;
+    for b in blocks {
+        if !b.params.packed {
+            out.push(vec![b]);
+            continue;
+        }
+        packed_bytes += b.data.len() as u64;
+        packed.push(b);
+        if packed_bytes >= WRITEBACK_BATCH_BYTES || packed.len() >= WRITEBACK_BATCH_BLOCKS {
+            out.push(std::mem::take(&mut packed));
+            packed_bytes = 0;
+        }
+    }
+    if !packed.is_empty() {
+        out.push(packed);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use crate::error::ServeError;
 use crate::metrics_defs as m;
 use crate::mounts::WorkerMount;
 use crate::stats::Counters;
+use crate::tier::PutParams;
 
 /// A block named and placed: what the fetcher needs to get it.
 #[derive(Clone)]
@@ -44,6 +45,8 @@ pub struct Located {
     pub file_size: u64,
     /// Length of the whole block.
     pub block_len: u64,
+    /// How the block is kept (a small file's is packed on NVMe).
+    pub params: PutParams,
 }
 
 impl Located {
@@ -127,7 +130,7 @@ impl Fetcher {
         durability: Durability,
     ) -> Result<(Bytes, Option<NvmeWrite>), ServeError> {
         if let Some(bytes) = self.ask_upstream(at).await {
-            let write = self.cache.keep(&at.key, &bytes, durability).await;
+            let write = self.cache.keep(&at.key, &bytes, durability, at.params).await;
             return Ok((bytes, write));
         }
         let read = at.mount.ufs.read_range(&at.rel, at.range(), &at.key.version);
@@ -146,7 +149,7 @@ impl Fetcher {
         self.counters.ufs_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::UFS_READS).increment(1);
         metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
-        let write = self.cache.keep(&at.key, &bytes, durability).await;
+        let write = self.cache.keep(&at.key, &bytes, durability, at.params).await;
         Ok((bytes, write))
     }
 

@@ -32,12 +32,13 @@ use bytes::Bytes;
 use strata_common::frame::{HandOffBlock, HandOffOffer};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::upstream::PeerLink;
-use strata_common::{BlockKey, Member, Ring};
+use strata_common::{BlockKey, Member, Ring, block};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::blocks::BlockService;
 use crate::metrics_defs as m;
+use crate::tier::PutParams;
 use crate::view::LastView;
 
 /// Default of `WorkerConfig::handoff_bandwidth`: bytes per second one worker sends.
@@ -199,7 +200,11 @@ impl Receiver {
         }
         let len = block.data.len() as u64;
         let in_memory = self.pins.is_pinned(&block.key, crate::tier::TierKind::Memory);
-        if let Err(e) = self.blocks.cache().store_handed_off(&block.key, block.data, in_memory).await {
+        // The push carries no file size; a whole small file is recognised from its key.
+        let threshold = self.blocks.mounts().pack_threshold_of(&block.key);
+        let params = PutParams { packed: block::is_small_file_block(&block.key, len, threshold) };
+        if let Err(e) = self.blocks.cache().store_handed_off(&block.key, block.data, in_memory, params).await
+        {
             debug!(block = %block.key, err = %e, "handed-off block not kept");
             return false;
         }

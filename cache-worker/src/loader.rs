@@ -9,6 +9,10 @@
 //!   capped, so warmup never starves completely);
 //! - a per-worker byte pacer enforces the job's `bandwidth` cap on top.
 //!
+//! A task is one block, or a batch of small files (`LoadTask::files`): the batch's files are
+//! fetched [`BATCH_PARALLELISM`] at a time and written to NVMe together (one packed append), and
+//! the batch takes that many places of the window.
+//!
 //! A report that fails to reach the master is dropped: the master's lease on those tasks
 //! expires and it hands them out again, so nothing is lost, only repeated (and a repeated
 //! load of a cached block costs no UFS read).
@@ -18,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::leader::MasterConn;
-use strata_proto::{FetchLoadTasksRequest, LoadTask, LoadTaskResult, ReportLoadTasksRequest};
+use strata_proto::{
+    FetchLoadTasksRequest, FileLoadOutcome, LoadTask, LoadTaskResult, ReportLoadTasksRequest,
+};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -29,6 +35,18 @@ use crate::qos::DEFAULT_LOAD_PARALLELISM;
 
 /// Longest a load waits for client reads to go quiet before it starts anyway.
 const MAX_YIELD: Duration = Duration::from_millis(200);
+/// Files of a batch task fetched at once (at most; fewer while the window is smaller): the
+/// places of the window the batch takes.
+pub const BATCH_PARALLELISM: u32 = 8;
+
+/// Places of the load window a task takes: 1 for a block, its fetches in flight for a batch.
+fn places(task: &LoadTask, window: u32) -> u32 {
+    if task.files.is_empty() {
+        1
+    } else {
+        BATCH_PARALLELISM.min(window.max(2) / 2).min(task.files.len() as u32).max(1)
+    }
+}
 
 /// Paces bytes to a rate: each reservation starts when the previous ones have had their time.
 #[derive(Debug)]
@@ -60,25 +78,40 @@ pub async fn run(
 ) {
     let mut client = client;
     let pacer = Arc::new(Mutex::new(Pacer::new(Instant::now())));
-    let mut running: JoinSet<LoadTaskResult> = JoinSet::new();
+    // Each running task with the places of the window it takes.
+    let mut running: JoinSet<(LoadTaskResult, u32)> = JoinSet::new();
+    let mut in_flight: u32 = 0;
     let mut results: Vec<LoadTaskResult> = Vec::new();
     // Tasks fetched but not started: a batch can hold more than the job's parallelism allows.
     let mut backlog: std::collections::VecDeque<LoadTask> = std::collections::VecDeque::new();
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    // A finished task: its result to report, its places back. A panicked one is lost, and its
+    // places with it, only until the loop starts afresh: the master's lease hands it out again.
+    let finished = |done: Result<(LoadTaskResult, u32), tokio::task::JoinError>,
+                    results: &mut Vec<LoadTaskResult>,
+                    in_flight: &mut u32| match done {
+        Ok((r, took)) => {
+            *in_flight = in_flight.saturating_sub(took);
+            results.push(r);
+        }
+        Err(e) => {
+            warn!(worker = %worker_id, err = %e, "load task panicked");
+        }
+    };
     while !cancel.is_cancelled() {
         while let Some(done) = running.try_join_next() {
-            match done {
-                Ok(r) => results.push(r),
-                Err(e) => warn!(worker = %worker_id, err = %e, "load task panicked"),
-            }
+            finished(done, &mut results, &mut in_flight);
+        }
+        if running.is_empty() {
+            in_flight = 0;
         }
         // Refill in batches: wait until half the window is free, then report everything done
         // and fetch a batch, so two RPCs serve many small loads instead of one each.
         let window = blocks.qos().window();
-        if running.len() as u32 * 2 > window {
+        if in_flight * 2 > window {
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                Some(done) = running.join_next() => if let Ok(r) = done { results.push(r) },
+                Some(done) = running.join_next() => finished(done, &mut results, &mut in_flight),
             }
             continue;
         }
@@ -98,20 +131,30 @@ pub async fn run(
             }
         }
         if !backlog.is_empty() {
-            while (running.len() as u32) < blocks.qos().window()
+            while in_flight < blocks.qos().window()
                 && let Some(task) = backlog.pop_front()
             {
-                running.spawn(load_one(blocks.clone(), pacer.clone(), task));
+                let took = places(&task, blocks.qos().window());
+                in_flight += took;
+                let (blocks, pacer) = (blocks.clone(), pacer.clone());
+                running.spawn(async move {
+                    let result = if task.files.is_empty() {
+                        load_one(blocks, pacer, task).await
+                    } else {
+                        load_batch(blocks, pacer, task, took).await
+                    };
+                    (result, took)
+                });
             }
             if !running.is_empty() {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
-                    Some(done) = running.join_next() => if let Ok(r) = done { results.push(r) },
+                    Some(done) = running.join_next() => finished(done, &mut results, &mut in_flight),
                 }
             }
             continue;
         }
-        let room = window.saturating_sub(running.len() as u32).max(1);
+        let room = window.saturating_sub(in_flight).max(1);
         // Long-poll only when idle; with loads running, come back soon to report them.
         let wait_ms = if running.is_empty() { 1_000 } else { 0 };
         let fetched = tokio::select! {
@@ -132,7 +175,7 @@ pub async fn run(
         if tasks.is_empty() && !running.is_empty() {
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                Some(done) = running.join_next() => if let Ok(r) = done { results.push(r) },
+                Some(done) = running.join_next() => finished(done, &mut results, &mut in_flight),
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         }
@@ -145,8 +188,9 @@ pub async fn run(
     running.abort_all();
 }
 
-async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: LoadTask) -> LoadTaskResult {
-    // Yield to client reads: wait for a quiet moment, with growing pauses, but not forever.
+/// Yields to client reads (waits for a quiet moment, with growing pauses, but not forever),
+/// then waits for the pacer to let `bytes` through.
+async fn before_load(blocks: &BlockService, pacer: &Mutex<Pacer>, bytes: u64, bandwidth: u64) {
     let busy = blocks.qos().busy();
     blocks.qos().observe(busy);
     if busy {
@@ -158,11 +202,71 @@ async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: Loa
             pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
-    let len = strata_common::block::block_len(task.file_size, task.block_size, task.index);
-    let wait = pacer.lock().unwrap_or_else(|p| p.into_inner()).reserve(Instant::now(), len, task.bandwidth);
+    let wait = pacer.lock().unwrap_or_else(|p| p.into_inner()).reserve(Instant::now(), bytes, bandwidth);
     if !wait.is_zero() {
         tokio::time::sleep(wait).await;
     }
+}
+
+/// Whether a failed load may succeed if tried again: a temporary error, or a full disk (the tier
+/// evicts down to what the disk takes meanwhile).
+fn retryable(e: &crate::error::ServeError) -> bool {
+    e.kind().is_temporary() || matches!(e, crate::error::ServeError::DiskFull { .. })
+}
+
+/// A batch of small files: fetched `parallelism` at a time, settled on NVMe together.
+async fn load_batch(
+    blocks: Arc<BlockService>,
+    pacer: Arc<Mutex<Pacer>>,
+    task: LoadTask,
+    parallelism: u32,
+) -> LoadTaskResult {
+    let bytes = task.files.iter().map(|f| f.size).sum();
+    before_load(&blocks, &pacer, bytes, task.bandwidth).await;
+    let reads: Vec<BlockRead> = task
+        .files
+        .iter()
+        .map(|f| BlockRead::whole_block(&f.path, &f.version, f.size, task.block_size, 0))
+        .collect();
+    let outcomes = blocks.load_many(&reads, parallelism as usize).await;
+    let mut result = LoadTaskResult {
+        task_id: task.task_id,
+        job_id: task.job_id.clone(),
+        ok: true,
+        already_cached: true,
+        ..Default::default()
+    };
+    for (f, outcome) in task.files.iter().zip(outcomes) {
+        let file = match outcome {
+            Ok(o) => {
+                let label = if o.already_cached { "cached" } else { "loaded" };
+                metrics::counter!(m::LOAD_BLOCKS, "result" => label).increment(1);
+                if !o.already_cached {
+                    metrics::counter!(m::LOAD_BYTES).increment(o.bytes);
+                }
+                FileLoadOutcome { ok: true, already_cached: o.already_cached, ..Default::default() }
+            }
+            Err(e) => {
+                metrics::counter!(m::LOAD_BLOCKS, "result" => "failed").increment(1);
+                debug!(path = %f.path, err = %e, "load of a batched file failed");
+                FileLoadOutcome {
+                    ok: false,
+                    already_cached: false,
+                    error: e.to_string(),
+                    temporary: retryable(&e),
+                }
+            }
+        };
+        result.ok &= file.ok;
+        result.already_cached &= file.already_cached;
+        result.files.push(file);
+    }
+    result
+}
+
+async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: LoadTask) -> LoadTaskResult {
+    let len = strata_common::block::block_len(task.file_size, task.block_size, task.index);
+    before_load(&blocks, &pacer, len, task.bandwidth).await;
     let read = BlockRead::whole_block(&task.path, &task.version, task.file_size, task.block_size, task.index);
     let mut result =
         LoadTaskResult { task_id: task.task_id, job_id: task.job_id.clone(), ..Default::default() };
@@ -179,9 +283,7 @@ async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: Loa
         Err(e) => {
             metrics::counter!(m::LOAD_BLOCKS, "result" => "failed").increment(1);
             debug!(path = %task.path, index = task.index, err = %e, "load task failed");
-            // A full disk is retried: the tier evicts down to what the disk takes meanwhile.
-            result.temporary =
-                e.kind().is_temporary() || matches!(e, crate::error::ServeError::DiskFull { .. });
+            result.temporary = retryable(&e);
             result.error = e.to_string();
         }
     }

@@ -17,6 +17,14 @@ pub const CORRUPT_BLOCKS: &str = "strata_worker_corrupt_blocks_total";
 /// Counter, label `reason` (`no_space`: ENOSPC, `quota`: EDQUOT, `io`: any other failure):
 /// NVMe block writes that failed. A full disk also lowers the tier's limit (see `strata status`).
 pub const NVME_WRITE_ERRORS: &str = "strata_worker_nvme_write_errors_total";
+/// Counter: appends to the NVMe tier's packed containers (one per batch of small blocks).
+pub const NVME_PACKED_APPENDS: &str = "strata_worker_nvme_packed_appends_total";
+/// Counter: small blocks written into packed containers (entries appended).
+pub const NVME_PACKED_ENTRIES: &str = "strata_worker_nvme_packed_entries_total";
+/// Counter: packed containers compaction deleted (after moving their live entries).
+pub const NVME_COMPACTED_CONTAINERS: &str = "strata_worker_nvme_compacted_containers_total";
+/// Counter: live entries compaction moved to another container.
+pub const NVME_COMPACTED_ENTRIES: &str = "strata_worker_nvme_compacted_entries_total";
 /// Counter, labels `tier` and `reason` (`watermark`: the tier was above its high watermark,
 /// `ttl`: the mount's `cache_ttl` passed, `quota`: the mount was over its quota share): blocks
 /// the worker's background upkeep evicted.

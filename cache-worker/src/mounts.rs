@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use async_trait::async_trait;
-use strata_common::{MountMode, MountOptions, path};
+use strata_common::block::{identity_prefix, identity_under};
+use strata_common::{BlockKey, MountMode, MountOptions, path};
 use strata_ufs::{Ufs, UfsFactory};
 use tracing::warn;
 
@@ -116,6 +117,19 @@ impl Mounts {
     /// Every mount in the table now.
     pub fn all(&self) -> Vec<Arc<WorkerMount>> {
         self.table.read().unwrap_or_else(|p| p.into_inner()).1.values().cloned().collect()
+    }
+
+    /// The `pack_threshold` of the mount a block belongs to (the mount whose UFS prefix is the
+    /// longest that holds its file identity, as upkeep decides); 0 when no mount holds it.
+    pub fn pack_threshold_of(&self, key: &BlockKey) -> u64 {
+        let guard = self.table.read().unwrap_or_else(|p| p.into_inner());
+        guard
+            .1
+            .values()
+            .map(|m| (identity_prefix(&m.uri, ""), m.options.pack_threshold))
+            .filter(|(prefix, _)| identity_under(prefix, &key.file))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map_or(0, |(_, threshold)| threshold)
     }
 
     fn lookup(&self, p: &str) -> Option<(Arc<WorkerMount>, String)> {

@@ -10,7 +10,11 @@
 //!   and every insertion and eviction is visible through [`Tier::drain_events`], which the
 //!   worker turns into block reports for the master.
 //! - the NVMe tier survives a restart: [`NvmeTier::open`] rebuilds its index from the block
-//!   files' headers, discarding temporary and malformed files.
+//!   files' headers and the packed containers' entries, discarding temporary and malformed files
+//!   and torn container tails.
+//! - a block put with [`PutParams::packed`] (a small file's) is stored like any other as far as
+//!   this contract goes; the NVMe tier keeps it as an entry of a shared container file instead
+//!   of a file of its own (see `nvme`), so many small blocks cost one file and one write.
 
 mod memory;
 mod nvme;
@@ -42,6 +46,47 @@ pub enum TierError {
 }
 
 pub type Result<T> = std::result::Result<T, TierError>;
+
+/// How a block is to be kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct PutParams {
+    /// A block of a small file (below its mount's `pack_threshold`): the NVMe tier packs it
+    /// with others into a container file, written in one append with the rest of its batch,
+    /// instead of a file of its own. Tiers without files ignore it.
+    pub packed: bool,
+}
+
+/// One block of a [`Tier::put_many`].
+#[derive(Debug, Clone)]
+pub struct BlockPut {
+    pub key: BlockKey,
+    pub data: Bytes,
+    pub params: PutParams,
+}
+
+/// What one [`Tier::compact`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Container files rewritten (their live entries moved) or deleted.
+    pub containers: u64,
+    /// Live entries moved to another container.
+    pub moved: u64,
+    /// Bytes of the containers' files given back to the disk.
+    pub reclaimed_bytes: u64,
+}
+
+/// Where a block's data sits in a file, for serving it without copying it through memory.
+#[derive(Debug)]
+pub struct FileSpan {
+    pub file: std::fs::File,
+    /// Offset and length of the block's data in the file.
+    pub offset: u64,
+    pub len: u64,
+    /// The file holds this block alone and is never modified (it is replaced by rename or
+    /// deleted), so its descriptor may be handed to a client. A packed container holds other
+    /// blocks and its entries are marked dead in place: only the worker itself reads it.
+    pub exclusive: bool,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TierKind {
@@ -115,6 +160,24 @@ pub trait Tier: Send + Sync + 'static {
     /// the capacity is refused with `TooLarge`; a capacity of 0 disables the tier (every `put`
     /// is refused that way, every `get` misses).
     async fn put(&self, key: &BlockKey, data: Bytes) -> Result<()>;
+    /// [`put`](Self::put) with how the block is to be kept.
+    async fn put_with(&self, key: &BlockKey, data: Bytes, _params: PutParams) -> Result<()> {
+        self.put(key, data).await
+    }
+    /// Stores many blocks; one result per block, in order, each as `put_with` would give it.
+    /// The NVMe tier writes the packed ones of the batch in one append.
+    async fn put_many(&self, blocks: Vec<BlockPut>) -> Vec<Result<()>> {
+        let mut out = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            out.push(self.put_with(&b.key, b.data, b.params).await);
+        }
+        out
+    }
+    /// Rewrites or deletes storage whose blocks are mostly gone (the NVMe tier's packed
+    /// containers), within a bounded amount of work per call; the worker's upkeep calls it.
+    async fn compact(&self) -> Result<Compacted> {
+        Ok(Compacted::default())
+    }
     async fn remove(&self, key: &BlockKey) -> Result<()>;
     /// Evicts, in the tier's eviction order and passing over pinned blocks, at least `bytes`
     /// bytes of the blocks `among` names (every one of them when they hold less), as a put
@@ -130,10 +193,10 @@ pub trait Tier: Send + Sync + 'static {
     fn keys(&self) -> Vec<(BlockKey, u64)>;
     /// Events since the previous call, oldest first.
     fn drain_events(&self) -> Vec<TierEvent>;
-    /// A block's file opened for zero-copy serving, with the offset and length of its data, when
-    /// the tier keeps blocks in files and this one's checksum is known good; `None` sends the
-    /// caller to [`get`](Self::get).
-    fn open_verified(&self, _key: &BlockKey) -> Option<(std::fs::File, u64, u64)> {
+    /// A block's file opened for zero-copy serving, with where its data sits, when the tier
+    /// keeps blocks in files and this one's checksum is known good; `None` sends the caller to
+    /// [`get`](Self::get).
+    fn open_verified(&self, _key: &BlockKey) -> Option<FileSpan> {
         None
     }
     /// Installs the sink told of evictions; `false` when the tier does not support one (or

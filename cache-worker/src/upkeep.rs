@@ -12,8 +12,10 @@
 //!   counting DRAM and NVMe bytes both. Over it, the mount's NVMe blocks go first (the colder
 //!   copies), then its DRAM ones, each in the tier's eviction order. Between two sweeps a mount
 //!   can exceed its share by what the worker stores in one interval.
+//! - **Compaction.** Each tier compacts what its evictions left mostly dead (the NVMe tier's
+//!   packed containers of small files), a bounded amount per sweep ([`Tier::compact`]).
 //!
-//! One [`Upkeep::sweep`] does all three; [`run`] calls it every interval. Time comes from the
+//! One [`Upkeep::sweep`] does all four; [`run`] calls it every interval. Time comes from the
 //! injected clock, so tests step it.
 
 use std::collections::{HashMap, HashSet};
@@ -28,7 +30,7 @@ use tracing::{debug, info, warn};
 use crate::config::{Watermark, Watermarks};
 use crate::metrics_defs as m;
 use crate::pins::PinSet;
-use crate::tier::{Evicted, Tier, TierKind};
+use crate::tier::{Compacted, Evicted, Tier, TierKind};
 
 /// What upkeep needs of a mount.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +126,8 @@ pub struct Swept {
     pub watermark: Evicted,
     pub expired: Evicted,
     pub quota: Evicted,
+    /// What the tiers' compaction did.
+    pub compacted: Compacted,
     /// Each mount's bytes in this worker's tiers after the sweep (mounts with a quota or a
     /// TTL only), by mount path.
     pub mount_bytes: Vec<(String, u64)>,
@@ -230,8 +234,20 @@ impl Upkeep {
                 }
             }
         }
-        if swept.watermark.blocks + swept.expired.blocks + swept.quota.blocks > 0 {
-            debug!(?swept, "upkeep evicted");
+        // After the evictions above, so what they left dead is compacted in the same sweep.
+        for (tier, _) in &self.tiers {
+            match tier.compact().await {
+                Ok(c) => {
+                    swept.compacted.containers += c.containers;
+                    swept.compacted.moved += c.moved;
+                    swept.compacted.reclaimed_bytes += c.reclaimed_bytes;
+                }
+                Err(e) => warn!(tier = tier.kind().label(), err = %e, "compaction failed"),
+            }
+        }
+        if swept.watermark.blocks + swept.expired.blocks + swept.quota.blocks + swept.compacted.containers > 0
+        {
+            debug!(?swept, "upkeep evicted or compacted");
         }
         swept
     }

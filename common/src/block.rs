@@ -91,6 +91,27 @@ pub fn identity_under(prefix: &str, file_identity: &str) -> bool {
     }
 }
 
+/// Whether a file of `file_size` bytes on a mount with `block_size` and `pack_threshold` is a
+/// small file: one block (so its block is the whole file) under the threshold. Workers pack
+/// small files' blocks into containers on NVMe; warmup loads them in batches.
+pub fn is_small_file(file_size: u64, block_size: u64, pack_threshold: u64) -> bool {
+    file_size < pack_threshold && file_size <= block_size
+}
+
+/// The block size a [`file_identity`] was made with (the digits after its last `#bs`).
+pub fn identity_block_size(file_identity: &str) -> Option<u64> {
+    file_identity.rsplit_once("#bs")?.1.parse().ok()
+}
+
+/// Whether a block of `len` bytes is a whole small file (see [`is_small_file`]), judged from its
+/// key alone: block 0 shorter than its identity's block size is the whole file. What a worker
+/// that receives a block without its file's size (a hand-off) decides by.
+pub fn is_small_file_block(key: &BlockKey, len: u64, pack_threshold: u64) -> bool {
+    key.index == 0
+        && identity_block_size(&key.file).is_some_and(|bs| len < bs)
+        && is_small_file(len, u64::MAX, pack_threshold)
+}
+
 /// One block's share of a byte range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockSlice {
@@ -156,6 +177,24 @@ mod tests {
     fn identity_depends_on_block_size() {
         assert_eq!(file_identity("s3://b/p/", "x#bs1", 2), "s3://b/p/x#bs1#bs2");
         assert_ne!(file_identity("s3://b", "x", 1 << 20), file_identity("s3://b", "x", 4 << 20));
+    }
+
+    #[test]
+    fn small_files_are_one_block_under_the_threshold() {
+        assert!(is_small_file(0, 4 << 20, 1 << 20));
+        assert!(is_small_file((1 << 20) - 1, 4 << 20, 1 << 20));
+        assert!(!is_small_file(1 << 20, 4 << 20, 1 << 20), "the threshold itself is not small");
+        assert!(!is_small_file(300 << 10, 256 << 10, 1 << 20), "two blocks are not one small file");
+        assert!(!is_small_file(10, 4 << 20, 0), "a threshold of 0 packs nothing");
+        let id = file_identity("s3://b/p", "x#bs7", 4 << 20);
+        assert_eq!(identity_block_size(&id), Some(4 << 20));
+        assert!(is_small_file_block(&BlockKey::new(id.clone(), "v", 0), 1000, 1 << 20));
+        assert!(!is_small_file_block(&BlockKey::new(id.clone(), "v", 1), 1000, 1 << 20));
+        assert!(
+            !is_small_file_block(&BlockKey::new(id.clone(), "v", 0), 4 << 20, 8 << 20),
+            "a full first block"
+        );
+        assert!(!is_small_file_block(&BlockKey::new("no-size", "v", 0), 10, 1 << 20));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub const STRATA_MOUNT_OPTIONS: &[&str] = &[
     "mode",
     "write_replicas",
     "read_replicas",
+    "pack_threshold",
     "cache_ttl",
     "quota",
     "upload_parallelism",
@@ -42,6 +43,9 @@ pub const DEFAULT_UPLOAD_PARALLELISM: u32 = 4;
 
 /// Smallest block size a mount may choose.
 pub const MIN_BLOCK_SIZE: u64 = 4096;
+/// Default `pack_threshold`: files smaller than this are small files (packed on NVMe, loaded in
+/// batches by warmup).
+pub const DEFAULT_PACK_THRESHOLD: u64 = 1 << 20;
 
 /// Whether writes through Strata may reach a mount's UFS.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -122,6 +126,10 @@ pub struct MountOptions {
     /// to 8, default 1): with more than one, each read asks first the one of them the client
     /// has fewer reads in flight to (power of two choices), or one on the client's own node.
     pub read_replicas: u32,
+    /// Files smaller than this (and no larger than a block) are small files (`pack_threshold`,
+    /// e.g. `256KiB`; default 1 MiB; 0 turns it off): workers keep them packed many to a
+    /// container file on NVMe, and warmup loads them in batches, one task for many files.
+    pub pack_threshold: u64,
     /// How long a block of this mount stays cached after it was stored on a worker
     /// (`cache_ttl`, e.g. `7d`; default none: until evicted). Pinned blocks stay while pinned.
     pub cache_ttl: Option<Duration>,
@@ -148,6 +156,7 @@ impl Default for MountOptions {
             metadata_ttl: Duration::from_millis(DEFAULT_METADATA_TTL_MS),
             write_replicas: DEFAULT_WRITE_REPLICAS,
             read_replicas: 1,
+            pack_threshold: DEFAULT_PACK_THRESHOLD,
             cache_ttl: None,
             quota: None,
             upload_parallelism: DEFAULT_UPLOAD_PARALLELISM,
@@ -197,6 +206,15 @@ impl MountOptions {
                         value.parse().ok().filter(|n| (1..=MAX_READ_REPLICAS).contains(n)).ok_or_else(
                             || bad(&format!("expected a number of workers from 1 to {MAX_READ_REPLICAS}")),
                         )?;
+                }
+                "pack_threshold" => {
+                    out.pack_threshold =
+                        parse_size(value).filter(|t| *t <= MAX_BLOCK_SIZE).ok_or_else(|| {
+                            bad(&format!(
+                                "expected a size up to {}MiB such as 256KiB or 1MiB, or 0 to pack nothing",
+                                MAX_BLOCK_SIZE >> 20
+                            ))
+                        })?;
                 }
                 "cache_ttl" => {
                     out.cache_ttl = Some(
@@ -266,6 +284,9 @@ mod tests {
         assert_eq!(o.ufs.get("region").map(String::as_str), Some("x"));
         assert_eq!(o.read_replicas, 1, "reads use the first owner unless asked");
         assert_eq!(parse(&[("read_replicas", "3")]).unwrap().read_replicas, 3);
+        assert_eq!(o.pack_threshold, 1 << 20, "small files are those under 1 MiB unless asked");
+        assert_eq!(parse(&[("pack_threshold", "256KiB")]).unwrap().pack_threshold, 256 << 10);
+        assert_eq!(parse(&[("pack_threshold", "0")]).unwrap().pack_threshold, 0);
         assert_eq!((o.cache_ttl, o.quota), (None, None), "no expiry and no quota unless asked");
         let o = parse(&[("cache_ttl", "7d"), ("quota", "2TiB")]).unwrap();
         assert_eq!(o.cache_ttl, Some(Duration::from_secs(7 * 86_400)));
@@ -292,6 +313,8 @@ mod tests {
             ("quota", "0"),
             ("quota", "lots"),
             ("upload_parallelism", "x"),
+            ("pack_threshold", "1GiB"),
+            ("pack_threshold", "small"),
         ] {
             assert_eq!(parse(&[(k, v)]).unwrap_err().key, k);
         }
