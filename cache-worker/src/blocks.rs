@@ -92,6 +92,13 @@ pub struct Served {
     pub key: BlockKey,
 }
 
+/// Says whether a batch load may start its next block (a load job's batch asks whether the job
+/// still runs).
+#[async_trait::async_trait]
+pub trait LoadGate: Send + Sync {
+    async fn go_on(&self) -> bool;
+}
+
 /// A block of a batch load: where it is, its bytes when this load fetched them into DRAM, and
 /// whether a tier or a peer had it already.
 type Fetched = (Located, Option<Bytes>, bool);
@@ -324,16 +331,18 @@ impl BlockService {
     /// Makes sure many whole blocks are cached (a warmup batch of small files): fetched
     /// `parallelism` at a time (sharing the single flight with client reads, as `load` does),
     /// kept in DRAM, then settled on NVMe together, so the small files' blocks of the batch
-    /// cost one packed append. One outcome per read, in order.
+    /// cost one packed append. One outcome per read, in order. A read the gate does not let
+    /// start (its job was cancelled) is given up as [`ServeError::Cancelled`].
     pub async fn load_many(
         &self,
         reads: &[BlockRead],
         parallelism: usize,
+        gate: &dyn LoadGate,
     ) -> Vec<Result<LoadOutcome, ServeError>> {
         use futures::StreamExt;
         // The futures are made up front: a lazily mapping stream would hold a closure over a
         // borrowed read across awaits, which a spawned (Send) task cannot prove general enough.
-        let loads: Vec<_> = reads.iter().map(|r| self.fetch_for_load(r)).collect();
+        let loads: Vec<_> = reads.iter().map(|r| self.fetch_for_load(r, gate)).collect();
         let fetched: Vec<Result<Fetched, ServeError>> =
             futures::stream::iter(loads).buffered(parallelism.max(1)).collect().await;
         let settle: Vec<(BlockKey, Option<Bytes>, PutParams)> = fetched
@@ -358,7 +367,10 @@ impl BlockService {
 
     /// One block of a batch load: named, and fetched into DRAM unless a tier holds it (then
     /// `None`); whether it was cached before.
-    async fn fetch_for_load(&self, r: &BlockRead) -> Result<Fetched, ServeError> {
+    async fn fetch_for_load(&self, r: &BlockRead, gate: &dyn LoadGate) -> Result<Fetched, ServeError> {
+        if !gate.go_on().await {
+            return Err(ServeError::Cancelled(format!("{}: its load job was cancelled", r.path)));
+        }
         let at = self.locate(r).await?;
         if block::write_back_id(&r.version).is_some() {
             return Err(ServeError::InvalidArgument(format!(

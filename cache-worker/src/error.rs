@@ -21,6 +21,10 @@ pub enum ServeError {
     /// The NVMe tier's disk is full: the block was served, but not kept where it was asked for.
     #[error("block {block} is not on this worker's NVMe tier: {reason}")]
     DiskFull { block: String, reason: String },
+    /// The work was given up because what asked for it no longer wants it (a cancelled load
+    /// job's batch).
+    #[error("{0}")]
+    Cancelled(String),
 }
 
 impl ServeError {
@@ -32,6 +36,7 @@ impl ServeError {
             ServeError::UfsTimeout(_) => ErrorKind::Ufs,
             ServeError::ReadOnly(_) => ErrorKind::PermissionDenied,
             ServeError::DiskFull { .. } => ErrorKind::ResourceExhausted,
+            ServeError::Cancelled(_) => ErrorKind::Unavailable,
         }
     }
 }

@@ -17,9 +17,11 @@
 //! expires and it hands them out again, so nothing is lost, only repeated (and a repeated
 //! load of a cached block costs no UFS read).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use strata_common::background::{Backoff, sleep_or_cancel};
 use strata_proto::leader::MasterConn;
 use strata_proto::{
@@ -29,7 +31,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::blocks::{BlockRead, BlockService};
+use crate::blocks::{BlockRead, BlockService, LoadGate};
 use crate::metrics_defs as m;
 use crate::qos::DEFAULT_LOAD_PARALLELISM;
 
@@ -38,6 +40,10 @@ const MAX_YIELD: Duration = Duration::from_millis(200);
 /// Files of a batch task fetched at once (at most; fewer while the window is smaller): the
 /// places of the window the batch takes.
 pub const BATCH_PARALLELISM: u32 = 8;
+/// A batch starts a file only if the master said its job was running at most this long ago;
+/// otherwise it asks again first (an empty report), so a cancelled job's batch stops at its
+/// next file, as a job of one-block tasks stops at its next task.
+const STILL_RUNNING_FOR: Duration = Duration::from_millis(100);
 
 /// Places of the load window a task takes: 1 for a block, its fetches in flight for a batch.
 fn places(task: &LoadTask, window: u32) -> u32 {
@@ -45,6 +51,34 @@ fn places(task: &LoadTask, window: u32) -> u32 {
         1
     } else {
         BATCH_PARALLELISM.min(window.max(2) / 2).min(task.files.len() as u32).max(1)
+    }
+}
+
+/// Lets a batch's files start while the master runs their job.
+struct JobGate {
+    client: MasterConn,
+    worker_id: String,
+    job_id: String,
+    /// When the master last said the job runs, and whether it still did then.
+    confirmed: tokio::sync::Mutex<(Instant, bool)>,
+}
+
+#[async_trait]
+impl LoadGate for JobGate {
+    async fn go_on(&self) -> bool {
+        let mut confirmed = self.confirmed.lock().await;
+        if !confirmed.1 || confirmed.0.elapsed() < STILL_RUNNING_FOR {
+            return confirmed.1;
+        }
+        let req = ReportLoadTasksRequest { worker_id: self.worker_id.clone(), results: Vec::new() };
+        match self.client.clone().report_load_tasks(req).await {
+            Ok(resp) => *confirmed = (Instant::now(), resp.into_inner().running_jobs.contains(&self.job_id)),
+            // The master cannot say: go on (a lost job's lease ends it anyway).
+            Err(status) => {
+                debug!(job = %self.job_id, err = %status.message(), "cannot ask whether a job still runs")
+            }
+        }
+        confirmed.1
     }
 }
 
@@ -78,15 +112,15 @@ pub async fn run(
 ) {
     let mut client = client;
     let pacer = Arc::new(Mutex::new(Pacer::new(Instant::now())));
-    // Each running task with the places of the window it takes.
+    // Each running task's result, with the places of the window it took.
     let mut running: JoinSet<(LoadTaskResult, u32)> = JoinSet::new();
     let mut in_flight: u32 = 0;
     let mut results: Vec<LoadTaskResult> = Vec::new();
     // Tasks fetched but not started: a batch can hold more than the job's parallelism allows.
-    let mut backlog: std::collections::VecDeque<LoadTask> = std::collections::VecDeque::new();
+    let mut backlog: VecDeque<LoadTask> = VecDeque::new();
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     // A finished task: its result to report, its places back. A panicked one is lost, and its
-    // places with it, only until the loop starts afresh: the master's lease hands it out again.
+    // places with it, only until the set empties: the master's lease hands it out again.
     let finished = |done: Result<(LoadTaskResult, u32), tokio::task::JoinError>,
                     results: &mut Vec<LoadTaskResult>,
                     in_flight: &mut u32| match done {
@@ -94,9 +128,7 @@ pub async fn run(
             *in_flight = in_flight.saturating_sub(took);
             results.push(r);
         }
-        Err(e) => {
-            warn!(worker = %worker_id, err = %e, "load task panicked");
-        }
+        Err(e) => warn!(worker = %worker_id, err = %e, "load task panicked"),
     };
     while !cancel.is_cancelled() {
         while let Some(done) = running.try_join_next() {
@@ -137,11 +169,16 @@ pub async fn run(
                 let took = places(&task, blocks.qos().window());
                 in_flight += took;
                 let (blocks, pacer) = (blocks.clone(), pacer.clone());
+                let gate = (!task.files.is_empty()).then(|| JobGate {
+                    client: client.clone(),
+                    worker_id: worker_id.clone(),
+                    job_id: task.job_id.clone(),
+                    confirmed: tokio::sync::Mutex::new((Instant::now(), true)),
+                });
                 running.spawn(async move {
-                    let result = if task.files.is_empty() {
-                        load_one(blocks, pacer, task).await
-                    } else {
-                        load_batch(blocks, pacer, task, took).await
+                    let result = match gate {
+                        Some(gate) => load_batch(blocks, pacer, task, took, gate).await,
+                        None => load_one(blocks, pacer, task).await,
                     };
                     (result, took)
                 });
@@ -214,12 +251,14 @@ fn retryable(e: &crate::error::ServeError) -> bool {
     e.kind().is_temporary() || matches!(e, crate::error::ServeError::DiskFull { .. })
 }
 
-/// A batch of small files: fetched `parallelism` at a time, settled on NVMe together.
+/// A batch of small files: fetched `parallelism` at a time, settled on NVMe together; files
+/// not started once `gate` says the job no longer runs are given up.
 async fn load_batch(
     blocks: Arc<BlockService>,
     pacer: Arc<Mutex<Pacer>>,
     task: LoadTask,
     parallelism: u32,
+    gate: JobGate,
 ) -> LoadTaskResult {
     let bytes = task.files.iter().map(|f| f.size).sum();
     before_load(&blocks, &pacer, bytes, task.bandwidth).await;
@@ -228,7 +267,7 @@ async fn load_batch(
         .iter()
         .map(|f| BlockRead::whole_block(&f.path, &f.version, f.size, task.block_size, 0))
         .collect();
-    let outcomes = blocks.load_many(&reads, parallelism as usize).await;
+    let outcomes = blocks.load_many(&reads, parallelism as usize, &gate).await;
     let mut result = LoadTaskResult {
         task_id: task.task_id,
         job_id: task.job_id.clone(),

@@ -166,13 +166,27 @@ async fn warmup_of_a_prefix_caches_every_block_on_two_distinct_owners() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_mid_job_resumes_it_and_finishes() {
-    let mut cluster = Cluster::start(options(3)).await;
+    // One task per block (nothing packed): progress becomes durable file by file.
+    master_killed_mid_job(&[("pack_threshold", "0")], 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_mid_job_of_small_file_batches_resumes_it_and_finishes() {
+    // Batches of 64 files per owner: the durable prefix (every file up to it finished) moves
+    // once every worker's first batch (files spread over the whole listing) has reported.
+    master_killed_mid_job(&[], 3 * 64).await;
+}
+
+async fn master_killed_mid_job(mount_options: &[(&str, &str)], kill_after_files: u64) {
+    let mut opts = options(3);
+    opts.mount_options.extend(mount_options.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let mut cluster = Cluster::start(opts).await;
     let rels = small_files(&cluster, "resume", 300, 11);
     cluster.faults().read_delay_ms.store(20, Ordering::SeqCst);
     let client = cluster.client().await;
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
     let id = client.submit_load("/data/resume", opts).await.unwrap().id;
-    let before = wait_until(&cluster, &id, |j| j.files_done >= 60).await;
+    let before = wait_until(&cluster, &id, |j| j.files_done >= kill_after_files).await;
     assert!(before.files_done < 300, "the job finished before the master could be killed");
     cluster.stop_master().await;
     cluster.start_master().await;
