@@ -66,9 +66,9 @@ pub enum Payload {
     /// In memory (a DRAM block, or one just fetched).
     Bytes(Bytes),
     /// `len` bytes at `offset` of an open NVMe block file whose checksum was verified: sent
-    /// with `sendfile`, or (when `exclusive`: the file holds this block alone, not a packed
-    /// container) the descriptor passed to a co-located client, never copied through user space.
-    File { file: std::fs::File, offset: u64, len: u64, exclusive: bool },
+    /// with `sendfile`, or the descriptor passed to a co-located client, never copied through
+    /// user space.
+    File { file: std::fs::File, offset: u64, len: u64 },
 }
 
 impl Payload {
@@ -258,12 +258,8 @@ impl BlockService {
         if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
             self.served(r.len);
             self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
-            let payload = Payload::File {
-                file: region.file,
-                offset: region.data_offset + r.offset,
-                len: r.len,
-                exclusive: region.exclusive,
-            };
+            let payload =
+                Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
             return Ok(Served { payload, source: Source::Nvme, key: at.key });
         }
         let (bytes, source) = self.read_bytes(r, &at).await?;

@@ -75,9 +75,6 @@ pub struct FileRegion {
     pub file: std::fs::File,
     pub data_offset: u64,
     pub len: u64,
-    /// The file holds this block alone and is never modified, so its descriptor may be handed
-    /// to a client (see [`crate::tier::FileSpan::exclusive`]).
-    pub exclusive: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -232,12 +229,7 @@ impl BlockCache {
             return None;
         }
         self.hit(TierKind::Nvme);
-        Some(FileRegion {
-            file: span.file,
-            data_offset: span.offset,
-            len: span.len,
-            exclusive: span.exclusive,
-        })
+        Some(FileRegion { file: span.file, data_offset: span.offset, len: span.len })
     }
 
     /// The whole block from a tier: DRAM, else NVMe (promoted to DRAM from its second hit).

@@ -573,7 +573,7 @@ async fn serve_read<S: Connection>(
         Ok(Served { payload, source, .. }) => {
             match payload {
                 Payload::Bytes(bytes) => send_data(stream, req.req_id, source, &bytes).await?,
-                Payload::File { file, offset, len, .. } => {
+                Payload::File { file, offset, len } => {
                     let head = ResponseHeader { status: Ok(source), req_id: req.req_id, payload_len: len };
                     stream.write_all(&head.encode()).await?;
                     stream.send_file(&file, offset, len).await?;

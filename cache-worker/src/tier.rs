@@ -75,17 +75,15 @@ pub struct Compacted {
     pub reclaimed_bytes: u64,
 }
 
-/// Where a block's data sits in a file, for serving it without copying it through memory.
+/// Where a block's data sits in its own file, for serving it without copying it through memory
+/// (`sendfile`, a descriptor passed to a co-located client): the file holds this block alone
+/// and is never modified — replaced by rename or deleted.
 #[derive(Debug)]
 pub struct FileSpan {
     pub file: std::fs::File,
     /// Offset and length of the block's data in the file.
     pub offset: u64,
     pub len: u64,
-    /// The file holds this block alone and is never modified (it is replaced by rename or
-    /// deleted), so its descriptor may be handed to a client. A packed container holds other
-    /// blocks and its entries are marked dead in place: only the worker itself reads it.
-    pub exclusive: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,8 +3,7 @@
 //! the client maps read-only.
 //!
 //! - A block served from NVMe ([`Payload::File`]): the verified block file's own descriptor;
-//!   the grant's offset is the range's place in the file. A small file's block packed in a
-//!   container is not alone in its file, so it is copied into shared memory like a DRAM block.
+//!   the grant's offset is the range's place in the file.
 //! - A block in memory ([`Payload::Bytes`]): a copy in a sealed memfd (no more writes, no
 //!   shrinking or growing), so the client can trust that it never changes. Whole DRAM blocks
 //!   are copied once and kept in a small cache bounded in bytes, so a hot block costs one copy,
@@ -129,16 +128,7 @@ impl FdGrants {
         }
         let Served { payload, source, key } = blocks.read_payload(r).await?;
         let (fd, offset, kind, pin) = match payload {
-            Payload::File { file, offset, exclusive: true, .. } => {
-                (Arc::new(OwnedFd::from(file)), offset, "file", None)
-            }
-            // A packed container holds other blocks too: its descriptor would hand them out, so
-            // the range goes into shared memory like a DRAM block's.
-            Payload::File { file, offset, len, exclusive: false } => {
-                let range = read_file_range(file, offset, len).await?;
-                let (fd, offset, _) = self.shared_memory(blocks, &key, r, range).await?;
-                (fd, offset, "shm", None)
-            }
+            Payload::File { file, offset, .. } => (Arc::new(OwnedFd::from(file)), offset, "file", None),
             Payload::Bytes(range) => {
                 let (fd, offset, cached) = self.shared_memory(blocks, &key, r, range).await?;
                 let pin = cached.then(|| fd.clone());
@@ -254,21 +244,6 @@ pub(crate) fn sealed_memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(file.into())
-}
-
-/// `len` bytes at `offset` of a verified NVMe file (a packed container's entry), read on a
-/// blocking thread.
-async fn read_file_range(file: File, offset: u64, len: u64) -> Result<Bytes, GrantError> {
-    use std::os::unix::fs::FileExt;
-    let read = tokio::task::spawn_blocking(move || {
-        let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, offset).map(|()| Bytes::from(buf))
-    });
-    match read.await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => Err(GrantError::Refused(format!("cannot read the block from its container: {e}"))),
-        Err(e) => Err(GrantError::Refused(format!("cannot read the block from its container: {e}"))),
-    }
 }
 
 #[cfg(test)]

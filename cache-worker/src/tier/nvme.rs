@@ -561,6 +561,7 @@ impl Drop for PendingWrite {
 struct Retired {
     key: BlockKey,
     packed: Option<PackAt>,
+    size: u64,
 }
 
 /// Retired keys whose files are to be deleted (entries marked dead); their `Busy` slots clear
@@ -581,7 +582,7 @@ impl Deleting {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
                     other => other,
                 },
-                Some(at) => self.shared.mark_dead(at),
+                Some(at) => self.shared.mark_dead(at, &r.key, r.size),
             };
             if let Err(e) = result {
                 tracing::warn!(block = %r.key, tier = "nvme", error = %e, "could not delete block");
@@ -761,7 +762,7 @@ impl Shared {
             .into_iter()
             .filter_map(|victim| {
                 let ready = index.retire(&victim)?;
-                Some(Retired { key: victim, packed: ready.packed })
+                Some(Retired { key: victim, packed: ready.packed, size: ready.size })
             })
             .collect();
         index.slots.insert(key.clone(), Slot::Busy);
@@ -785,11 +786,11 @@ impl Shared {
             None => BeginRemove::Absent,
             Some(Slot::Busy) => BeginRemove::Wait,
             Some(Slot::Ready(_)) => {
-                let packed = index.retire(key).and_then(|r| r.packed);
+                let ready = index.retire(key).expect("ready");
                 drop(index);
                 BeginRemove::Delete(Deleting {
                     shared: Arc::clone(self),
-                    retired: vec![Retired { key: key.clone(), packed }],
+                    retired: vec![Retired { key: key.clone(), packed: ready.packed, size: ready.size }],
                 })
             }
         }
@@ -855,12 +856,12 @@ impl Shared {
         }
     }
 
-    /// Blocking: marks a retired entry dead on disk, and deletes its container if that was
-    /// the last ready entry of a sealed one.
-    fn mark_dead(&self, at: PackAt) -> io::Result<()> {
+    /// Blocking: marks a retired entry (of `key`, `size` data bytes) dead on disk and gives its
+    /// pages back, and deletes its container if that was the last ready entry of a sealed one.
+    fn mark_dead(&self, at: PackAt, key: &BlockKey, size: u64) -> io::Result<()> {
         let file = self.lock().container_file(at);
         let result = match file {
-            Some(file) => pack::mark_dead(&file, at.offset),
+            Some(file) => pack::mark_dead(&file, at.offset, pack::header_len_for(key) as u64, size),
             // Deleted already: its last entry went before this one was marked.
             None => Ok(()),
         };
@@ -931,21 +932,24 @@ impl Shared {
     }
 
     fn drop_corrupt(&self, key: &BlockKey, generation: u64, reason: Malformed) {
-        let packed = {
+        let (packed, size) = {
             let mut index = self.lock();
             // Another generation means the entry was evicted and rewritten (or moved) while we
             // read: what we read may be the old copy, and the new one is not ours to delete.
             if index.ready_generation(key) != Some(generation) {
                 return;
             }
-            index.retire(key).and_then(|r| r.packed)
+            match index.retire(key) {
+                Some(r) => (r.packed, r.size),
+                None => return,
+            }
         };
         self.corrupt.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(block = %key, tier = "nvme", reason, packed = packed.is_some(), "corrupt block dropped");
         match packed {
             None => remove_quietly(&self.block_path(key), "corrupt block file"),
             Some(at) => {
-                if let Err(e) = self.mark_dead(at) {
+                if let Err(e) = self.mark_dead(at, key, size) {
                     tracing::warn!(block = %key, tier = "nvme", error = %e, "could not mark a corrupt entry dead");
                 }
             }
@@ -1076,12 +1080,12 @@ impl Shared {
                 } else {
                     // Evicted or removed while it was copied: the copy is not wanted.
                     index.uncount(new.container, &key, size);
-                    garbage.push(new);
+                    garbage.push((new, key, size));
                 }
             }
         }
-        for at in garbage {
-            self.mark_dead(at)?;
+        for (at, key, size) in garbage {
+            self.mark_dead(at, &key, size)?;
         }
         self.drop_if_empty(seq);
         Ok(moved)
@@ -1207,8 +1211,9 @@ impl NvmeTier {
         {
             Place::File(path) => remove_quietly(path, what),
             Place::Packed(seq, offset) => {
+                let header_len = pack::header_len_for(&r.key) as u64;
                 if let Some(c) = containers.get(seq)
-                    && let Err(e) = pack::mark_dead(&c.file, *offset)
+                    && let Err(e) = pack::mark_dead(&c.file, *offset, header_len, r.size)
                 {
                     tracing::warn!(block = %r.key, tier = "nvme", error = %e, what, "could not mark an entry dead");
                 }
@@ -1387,43 +1392,24 @@ impl Tier for NvmeTier {
     /// checks it and makes it qualify). Counts as a hit.
     ///
     /// The open descriptor keeps the data readable even if the block is evicted right after:
-    /// block files are only ever replaced by rename or deleted, never rewritten in place, and a
-    /// container's entry data is never rewritten either (its descriptor is not `exclusive`,
-    /// though: it holds other blocks, so it is never handed to a client).
+    /// block files are only ever replaced by rename or deleted, never rewritten in place. A
+    /// packed entry never qualifies: its container holds other files (a passed descriptor
+    /// would hand them out), and an evicted entry's pages are punched out of it, so every read
+    /// of one goes through [`get`](Tier::get) and its checksum.
     ///
     /// Bit rot on the device after the check goes unnoticed until the worker restarts (which
     /// makes every block unverified again); that is the price of not reading every block
     /// through the CPU (`zero_copy = false` in the worker config turns it off).
     fn open_verified(&self, key: &BlockKey) -> Option<FileSpan> {
-        let (entry, container) = {
-            let mut index = self.shared.lock();
-            let entry = index.touch(key)?;
-            let container = entry.packed.and_then(|at| index.container_file(at));
-            (entry, container)
-        };
-        if !entry.verified {
+        let entry = self.shared.lock().touch(key)?;
+        if !entry.verified || entry.packed.is_some() {
             return None;
         }
-        match (entry.packed, container) {
-            (None, _) => {
-                let file = fs::File::open(self.block_path(key)).ok()?;
-                let offset = header_len_for(key) as u64;
-                // A file of another length is not the one the index describes.
-                let on_disk = file.metadata().ok()?.len();
-                (on_disk == offset + entry.size).then_some(FileSpan {
-                    file,
-                    offset,
-                    len: entry.size,
-                    exclusive: true,
-                })
-            }
-            (Some(at), Some(container)) => {
-                let file = container.try_clone().ok()?;
-                let offset = at.offset + pack::header_len_for(key) as u64;
-                Some(FileSpan { file, offset, len: entry.size, exclusive: false })
-            }
-            (Some(_), None) => None,
-        }
+        let file = fs::File::open(self.block_path(key)).ok()?;
+        let offset = header_len_for(key) as u64;
+        // A file of another length is not the one the index describes.
+        let on_disk = file.metadata().ok()?.len();
+        (on_disk == offset + entry.size).then_some(FileSpan { file, offset, len: entry.size })
     }
 
     async fn get(&self, key: &BlockKey) -> Result<Option<Bytes>> {
@@ -1537,7 +1523,7 @@ impl Tier for NvmeTier {
                     let ready = index.retire(&victim)?;
                     evicted.blocks += 1;
                     evicted.bytes += ready.size;
-                    Some(Retired { key: victim, packed: ready.packed })
+                    Some(Retired { key: victim, packed: ready.packed, size: ready.size })
                 })
                 .collect()
         };
@@ -2487,12 +2473,8 @@ mod tests {
             let want = data_for(i, 1 + (i as usize * 977) % 20_000);
             assert_eq!(tier.get(&small_key(i)).await.unwrap(), Some(want));
         }
-        // A verified entry is served from its container, but never as a client's descriptor.
-        let span = tier.open_verified(&small_key(7)).expect("verified by the write");
-        assert!(!span.exclusive);
-        let mut got = vec![0u8; span.len as usize];
-        std::os::unix::fs::FileExt::read_exact_at(&span.file, &mut got, span.offset).unwrap();
-        assert_eq!(Bytes::from(got), data_for(7, 1 + 7 * 977));
+        // An entry is never served without its checksum (no sendfile, no passed descriptor).
+        assert!(tier.open_verified(&small_key(7)).is_none());
         let before = key_set(&tier);
         drop(tier);
 
@@ -2501,7 +2483,6 @@ mod tests {
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, before);
-        assert!(tier.open_verified(&small_key(7)).is_none(), "unverified after a restart");
         for i in (0..300).step_by(7) {
             assert_eq!(
                 tier.get(&small_key(i)).await.unwrap(),
@@ -2529,6 +2510,63 @@ mod tests {
         let tier = NvmeTier::open(dir.path(), 10_000).unwrap();
         assert_eq!(key_set(&tier), kept, "no evicted or removed block comes back");
         assert_eq!(tier.get(&small_key(12)).await.unwrap(), None);
+    }
+
+    /// Bytes the file system holds for a file (its blocks, not its length).
+    fn allocated(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(path).unwrap().blocks() * 512
+    }
+
+    #[tokio::test]
+    async fn an_evicted_entry_gives_its_pages_back_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let tier = NvmeTier::open(dir.path(), 64 << 20).unwrap();
+        for r in tier.put_many(small_puts(0..40, |_| 256 << 10)).await {
+            r.unwrap();
+        }
+        let container = &container_files(dir.path())[0];
+        let before = allocated(container);
+        assert!(before >= 40 * (256 << 10), "{before}");
+        for i in 0..30 {
+            tier.remove(&small_key(i)).await.unwrap();
+        }
+        let after = allocated(container);
+        // What is left: the live ten, and a header and at most two partial pages per dead one.
+        assert!(after <= 10 * (256 << 10) + 30 * 3 * 4096 + 4096, "{before} -> {after} bytes on disk");
+        for i in 30..40 {
+            assert_eq!(tier.get(&small_key(i)).await.unwrap(), Some(data_for(i, 256 << 10)));
+        }
+        drop(tier);
+        let tier = NvmeTier::open(dir.path(), 64 << 20).unwrap();
+        assert_eq!(tier.usage().blocks, 10);
+        assert_eq!(tier.corrupt_blocks(), 0, "punched entries are dead, not corrupt");
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_of_packed_blocks_evicts_and_takes_the_next_batch() {
+        let root = tempfile::tempdir().unwrap();
+        let disk = strata_common::testing::Tmpfs::new(root.path().join("disk"), "4m");
+        // The tier is told it has 64 MiB; the disk under it takes 4.
+        let tier = NvmeTier::open(disk.path(), 64 << 20).unwrap();
+        for b in 0..6u64 {
+            let results = tier.put_many(small_puts(b * 4..b * 4 + 4, |_| 256 << 10)).await;
+            assert!(results.iter().all(Result::is_ok), "batch {b}: {results:?}");
+        }
+        let health = tier.disk_health();
+        assert!(health.no_space_errors >= 1, "{health:?}");
+        assert!(health.limit_bytes.is_some_and(|l| l < 4 << 20), "{health:?}");
+        for i in 20..24 {
+            assert_eq!(
+                tier.get(&small_key(i)).await.unwrap(),
+                Some(data_for(i, 256 << 10)),
+                "the newest batch"
+            );
+        }
+        for (k, size) in tier.keys() {
+            assert_eq!(tier.get(&k).await.unwrap().map(|b| b.len() as u64), Some(size));
+        }
+        assert_eq!(tier.corrupt_blocks(), 0);
     }
 
     #[tokio::test]

@@ -16,15 +16,17 @@
 //!
 //! The header checksum leaves the magic out, so marking an entry dead is one 8-byte write that
 //! keeps its lengths checked: recovery skips a dead entry by them and never resurrects a block
-//! that was evicted or freed before a restart.
+//! that was evicted or freed before a restart. The whole pages inside a dead entry's data are
+//! punched out of the file at once (`fallocate` PUNCH_HOLE), so eviction gives the disk back
+//! its space without waiting for compaction — what a full disk needs.
 //!
 //! # Invariants
 //!
-//! - Bytes of an entry's data are never modified once written: entries are appended, dead
-//!   marks touch the magic only, and a container's space comes back only when the whole file
-//!   is deleted (its live entries moved first by compaction). So a reader holding the file
-//!   (`sendfile`, a `pread`) always gets the bytes it looked up, even if the block is evicted
-//!   meanwhile — it can only find the magic turned dead, which reads as a miss.
+//! - An entry's data is never modified while it is live: entries are appended; marking one dead
+//!   rewrites its magic and punches its data. A reader that looked an entry up and then lost it
+//!   to eviction reads the dead magic or zeros, which fail its checks: a miss, never wrong
+//!   bytes. Hence no entry is ever served without that check (no `sendfile` of an entry, no
+//!   descriptor passed to a client: a container holds other files too).
 //! - One writer appends (the tier's appender mutex); a failed append truncates the file back to
 //!   where it was, so a container never holds a half entry under a live magic except after a
 //!   crash, which recovery detects (a torn tail fails its header or length check) and cuts off.
@@ -180,9 +182,31 @@ pub(super) fn read_entry(file: &File, offset: u64, key: &BlockKey, size: u64) ->
     Ok(EntryRead::Hit(data))
 }
 
-/// Marks the entry at `offset` dead (its magic only; see the module docs).
-pub(super) fn mark_dead(file: &File, offset: u64) -> io::Result<()> {
-    file.write_all_at(DEAD_MAGIC, offset)
+/// Marks the entry at `offset` (a header of `header_len` bytes, then `data_len` bytes of data)
+/// dead and punches the whole pages of its data out of the file (see the module docs). A file
+/// system that cannot punch holes keeps the bytes until compaction; the entry is dead either way.
+pub(super) fn mark_dead(file: &File, offset: u64, header_len: u64, data_len: u64) -> io::Result<()> {
+    file.write_all_at(DEAD_MAGIC, offset)?;
+    const PAGE: u64 = 4096;
+    let start = (offset + header_len).div_ceil(PAGE) * PAGE;
+    let end = (offset + header_len + data_len) / PAGE * PAGE;
+    if end > start {
+        punch_hole(file, start, end - start);
+    }
+    Ok(())
+}
+
+fn punch_hole(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else { return };
+    // SAFETY: the descriptor is open for the duration of the call (borrowed from `file`); the
+    // call only changes the file's contents in the range, which holds no live entry.
+    let rc = unsafe {
+        libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off, len)
+    };
+    if rc != 0 {
+        tracing::debug!(tier = "nvme", error = %io::Error::last_os_error(), "cannot punch a dead entry out of its container");
+    }
 }
 
 /// Creates the file of a new container.
@@ -277,7 +301,8 @@ pub(super) fn scan(path: &Path) -> io::Result<Scanned> {
             if next_checks_out {
                 // A dead entry's header going bad loses nothing: only a live one is counted.
                 if !dead {
-                    mark_dead(&file, pos)?;
+                    let header_len = le_u32(&buf, 12) as u64;
+                    mark_dead(&file, pos, header_len, next - pos - header_len)?;
                     skipped += 1;
                 }
                 pos = next;
@@ -404,7 +429,7 @@ mod tests {
             }
             assert_eq!(entry_len(k, d.len() as u64), header_len_for(k) as u64 + d.len() as u64);
         }
-        mark_dead(&file, offsets[2]).unwrap();
+        mark_dead(&file, offsets[2], header_len_for(&key(2)) as u64, 200).unwrap();
         assert!(matches!(read_entry(&file, offsets[2], &key(2), 200).unwrap(), EntryRead::Dead));
         let scanned = scan(&container_path(dir.path(), 1)).unwrap();
         assert_eq!(scanned.cut, None);
