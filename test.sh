@@ -51,6 +51,7 @@ log "benchmarks, smoke run (small sizes, debug build: they run and check their b
 cargo run -q -p strata-bench --locked --bin writeback_bench -- --size 64MiB --writers 2 --trials 1
 cargo run -q -p strata-bench --locked --bin fanout_bench -- --size 64MiB --readers 4
 cargo run -q -p strata-bench --locked --bin eviction_bench -- --capacity 2000 --keys 20000 --requests 200000
+cargo run -q -p strata-bench --locked --bin warmup_bench -- throughput s3 500 16
 
 log "python: stratafs (pytest against target/debug/strata, on a local dir and on Garage)"
 # shellcheck source=python/test.sh

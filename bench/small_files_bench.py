@@ -95,15 +95,23 @@ def threaded(fn, items, threads):
     return time.perf_counter() - started, total
 
 
-def epoch_threads(fs, paths, threads):
-    return threaded(lambda p: len(fs.cat_file(p)), paths, threads)
+def checked(got: bytes, want: bytes, path: str) -> int:
+    if got != want:
+        raise SystemExit(f"{path}: {len(got)} bytes read, not the {len(want)} bytes written")
+    return len(got)
 
 
-def epoch_batched(fs, paths):
+def epoch_threads(fs, paths, threads, want):
+    return threaded(lambda p: checked(fs.cat_file(p), want, p), paths, threads)
+
+
+def epoch_batched(fs, paths, want):
     started = time.perf_counter()
     out = fs.cat(paths)
-    total = sum(len(v) for v in out.values())
-    return time.perf_counter() - started, total
+    seconds = time.perf_counter() - started
+    if len(out) != len(paths):
+        raise SystemExit(f"cat of {len(paths)} paths returned {len(out)}")
+    return seconds, sum(checked(v, want, p) for p, v in out.items())
 
 
 def main():
@@ -150,7 +158,7 @@ def main():
 
     # The threaded Python ceiling for the warmup: every warm-set object read once.
     def get(k):
-        return len(boto.get_object(Bucket=bucket, Key=k)["Body"].read())
+        return checked(boto.get_object(Bucket=bucket, Key=k)["Body"].read(), blob_w, k)
 
     t, b = threaded(get, warm_keys, args.boto_threads)
     record("warmup", f"boto3 x{args.boto_threads}", "direct", t, b, n)
@@ -179,14 +187,14 @@ def main():
             assert len(paths) == n, f"{name}: listed {len(paths)} of {n}"
             half = n // 2
             # Cold: the first half threaded, the second half batched, each read once.
-            t, b = epoch_threads(fs, paths[:half], args.threads)
+            t, b = epoch_threads(fs, paths[:half], args.threads, blob_e)
             record("cold epoch", name, f"{args.threads} thr", t, b, half)
-            t, b = epoch_batched(fs, paths[half:])
+            t, b = epoch_batched(fs, paths[half:], blob_e)
             record("cold epoch", name, "batched", t, b, n - half)
             # Warm: every file again, both ways.
-            t, b = epoch_threads(fs, paths, args.threads)
+            t, b = epoch_threads(fs, paths, args.threads, blob_e)
             record("warm epoch", name, f"{args.threads} thr", t, b, n)
-            t, b = epoch_batched(fs, paths)
+            t, b = epoch_batched(fs, paths, blob_e)
             record("warm epoch", name, "batched", t, b, n)
         shutil.rmtree(cache_dir, ignore_errors=True)
     finally:

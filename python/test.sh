@@ -20,7 +20,8 @@ stratafs_tests() {
   if ! "$py" -m pip --version >/dev/null 2>&1; then
     pip=(python3 -m pip --python "$py")
   fi
-  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pytest-timeout pyarrow pandas torch
+  "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pytest-timeout pyarrow pandas torch \
+    s3fs boto3
   # The dev profile and the shared target dir reuse the dependencies the test build compiled
   # (those whose features agree: cargo unifies features per invocation, so crates that other
   # workspace members enable extra features of are compiled once more for this build).
@@ -29,5 +30,8 @@ stratafs_tests() {
     --out target/stratafs-wheel
   "${pip[@]}" install -q --disable-pip-version-check --force-reinstall --no-deps target/stratafs-wheel/stratafs-*.whl
   # --timeout: a hanging test fails by name instead of holding CI.
-  STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider --timeout 900 python/tests
+  STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider --timeout 900 python/tests || return 1
+  # The small-file benchmark at a smoke size (debug build, Garage): it runs and reads back every
+  # file; its figures come from release builds on a quiet machine (docs/BENCHMARKS.md).
+  "$py" bench/small_files_bench.py --files 300 --strata-bin "$root/target/debug/strata" --memory 256MiB
 }

@@ -364,6 +364,9 @@ impl BlockService {
     /// One block of a batch load: named, and fetched into DRAM unless a tier holds it (then
     /// `None`); whether it was cached before.
     async fn fetch_for_load(&self, r: &BlockRead, gate: &dyn LoadGate) -> Result<Fetched, ServeError> {
+        // The slot first: the gate's answer is for a file about to start, not one that will
+        // wait behind others for a place.
+        let _slot = self.qos.load_slot().await;
         if !gate.go_on().await {
             return Err(ServeError::Cancelled(format!("{}: its load job was cancelled", r.path)));
         }

@@ -10,8 +10,10 @@
 //! - a per-worker byte pacer enforces the job's `bandwidth` cap on top.
 //!
 //! A task is one block, or a batch of small files (`LoadTask::files`): the batch's files are
-//! fetched [`BATCH_PARALLELISM`] at a time and written to NVMe together (one packed append), and
-//! the batch takes that many places of the window.
+//! fetched up to [`BATCH_PARALLELISM`] at a time and written to NVMe together (one packed
+//! append). Every fetch holds one of the window's load slots ([`crate::qos::LoadSlot`]), so the
+//! window bounds what is fetched at once whatever the tasks; a batch takes a few places of the
+//! window in the task count, so several run at once and one's tail overlaps the next's start.
 //!
 //! A report that fails to reach the master is dropped: the master's lease on those tasks
 //! expires and it hands them out again, so nothing is lost, only repeated (and a repeated
@@ -40,18 +42,18 @@ const MAX_YIELD: Duration = Duration::from_millis(200);
 /// Files of a batch task fetched at once (at most; fewer while the window is smaller): the
 /// places of the window the batch takes.
 pub const BATCH_PARALLELISM: u32 = 8;
-/// A batch starts a file only if the master said its job was running at most this long ago;
-/// otherwise it asks again first (an empty report), so a cancelled job's batch stops at its
-/// next file, as a job of one-block tasks stops at its next task.
+/// A batch starts a file only if the master said its job was running at most this long ago, and
+/// at most a window's worth of files (the load window when it said so) on one answer; otherwise
+/// it asks again first (an empty report). So a cancelled job's batch starts at most a window of
+/// files more — one at parallelism 1, as a job of one-block tasks stops at its next task —
+/// while a full window costs one question per window of files.
 const STILL_RUNNING_FOR: Duration = Duration::from_millis(100);
 
-/// Places of the load window a task takes: 1 for a block, its fetches in flight for a batch.
+/// Places of the load window a task takes in the loader's count of tasks: 1 for a block, half
+/// its parallelism for a batch (its fetches hold load slots, so this only decides how many
+/// batches overlap: four while the window is full).
 fn places(task: &LoadTask, window: u32) -> u32 {
-    if task.files.is_empty() {
-        1
-    } else {
-        BATCH_PARALLELISM.min(window.max(2) / 2).min(task.files.len() as u32).max(1)
-    }
+    if task.files.is_empty() { 1 } else { (BATCH_PARALLELISM / 2).min(window / 4).max(1) }
 }
 
 /// Lets a batch's files start while the master runs their job.
@@ -59,26 +61,44 @@ struct JobGate {
     client: MasterConn,
     worker_id: String,
     job_id: String,
-    /// When the master last said the job runs, and whether it still did then.
-    confirmed: tokio::sync::Mutex<(Instant, bool)>,
+    blocks: Arc<BlockService>,
+    confirmed: tokio::sync::Mutex<Confirmed>,
+}
+
+/// What the master last said of a batch's job.
+struct Confirmed {
+    at: Instant,
+    running: bool,
+    /// Files that may still start on that answer.
+    starts_left: u32,
 }
 
 #[async_trait]
 impl LoadGate for JobGate {
     async fn go_on(&self) -> bool {
-        let mut confirmed = self.confirmed.lock().await;
-        if !confirmed.1 || confirmed.0.elapsed() < STILL_RUNNING_FOR {
-            return confirmed.1;
+        let mut c = self.confirmed.lock().await;
+        if !c.running {
+            return false;
         }
-        let req = ReportLoadTasksRequest { worker_id: self.worker_id.clone(), results: Vec::new() };
-        match self.client.clone().report_load_tasks(req).await {
-            Ok(resp) => *confirmed = (Instant::now(), resp.into_inner().running_jobs.contains(&self.job_id)),
-            // The master cannot say: go on (a lost job's lease ends it anyway).
-            Err(status) => {
-                debug!(job = %self.job_id, err = %status.message(), "cannot ask whether a job still runs")
+        if c.starts_left == 0 || c.at.elapsed() >= STILL_RUNNING_FOR {
+            let req = ReportLoadTasksRequest { worker_id: self.worker_id.clone(), results: Vec::new() };
+            match self.client.clone().report_load_tasks(req).await {
+                Ok(resp) => {
+                    c.running = resp.into_inner().running_jobs.contains(&self.job_id);
+                    c.at = Instant::now();
+                    c.starts_left = self.blocks.qos().window();
+                }
+                // The master cannot say: go on (a lost job's lease ends it anyway).
+                Err(status) => {
+                    debug!(job = %self.job_id, err = %status.message(), "cannot ask whether a job still runs");
+                    c.starts_left = c.starts_left.max(1);
+                }
             }
         }
-        confirmed.1
+        if c.running {
+            c.starts_left -= 1;
+        }
+        c.running
     }
 }
 
@@ -147,6 +167,9 @@ pub async fn run(
             }
             continue;
         }
+        // Start what the backlog holds before reporting: a report's round trip must not leave
+        // places of the window idle.
+        start_backlog(&blocks, &pacer, &client, &worker_id, &mut backlog, &mut running, &mut in_flight);
         if !results.is_empty() {
             let req = ReportLoadTasksRequest {
                 worker_id: worker_id.clone(),
@@ -163,26 +186,7 @@ pub async fn run(
             }
         }
         if !backlog.is_empty() {
-            while in_flight < blocks.qos().window()
-                && let Some(task) = backlog.pop_front()
-            {
-                let took = places(&task, blocks.qos().window());
-                in_flight += took;
-                let (blocks, pacer) = (blocks.clone(), pacer.clone());
-                let gate = (!task.files.is_empty()).then(|| JobGate {
-                    client: client.clone(),
-                    worker_id: worker_id.clone(),
-                    job_id: task.job_id.clone(),
-                    confirmed: tokio::sync::Mutex::new((Instant::now(), true)),
-                });
-                running.spawn(async move {
-                    let result = match gate {
-                        Some(gate) => load_batch(blocks, pacer, task, took, gate).await,
-                        None => load_one(blocks, pacer, task).await,
-                    };
-                    (result, took)
-                });
-            }
+            start_backlog(&blocks, &pacer, &client, &worker_id, &mut backlog, &mut running, &mut in_flight);
             if !running.is_empty() {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
@@ -225,6 +229,44 @@ pub async fn run(
     running.abort_all();
 }
 
+/// Starts backlog tasks while the window has places for them.
+fn start_backlog(
+    blocks: &Arc<BlockService>,
+    pacer: &Arc<Mutex<Pacer>>,
+    client: &MasterConn,
+    worker_id: &str,
+    backlog: &mut VecDeque<LoadTask>,
+    running: &mut JoinSet<(LoadTaskResult, u32)>,
+    in_flight: &mut u32,
+) {
+    while *in_flight < blocks.qos().window()
+        && let Some(task) = backlog.pop_front()
+    {
+        let took = places(&task, blocks.qos().window());
+        *in_flight += took;
+        let (blocks, pacer) = (blocks.clone(), pacer.clone());
+        let gate = (!task.files.is_empty()).then(|| JobGate {
+            client: client.clone(),
+            worker_id: worker_id.to_string(),
+            job_id: task.job_id.clone(),
+            blocks: blocks.clone(),
+            // The task was just handed out: the job runs; a window of files may start.
+            confirmed: tokio::sync::Mutex::new(Confirmed {
+                at: Instant::now(),
+                running: true,
+                starts_left: blocks.qos().window(),
+            }),
+        });
+        running.spawn(async move {
+            let result = match gate {
+                Some(gate) => load_batch(blocks, pacer, task, gate).await,
+                None => load_one(blocks, pacer, task).await,
+            };
+            (result, took)
+        });
+    }
+}
+
 /// Yields to client reads (waits for a quiet moment, with growing pauses, but not forever),
 /// then waits for the pacer to let `bytes` through.
 async fn before_load(blocks: &BlockService, pacer: &Mutex<Pacer>, bytes: u64, bandwidth: u64) {
@@ -251,13 +293,13 @@ fn retryable(e: &crate::error::ServeError) -> bool {
     e.kind().is_temporary() || matches!(e, crate::error::ServeError::DiskFull { .. })
 }
 
-/// A batch of small files: fetched `parallelism` at a time, settled on NVMe together; files
-/// not started once `gate` says the job no longer runs are given up.
+/// A batch of small files: fetched up to [`BATCH_PARALLELISM`] at a time (each fetch holding a
+/// load slot), settled on NVMe together; files not started once `gate` says the job no longer
+/// runs are given up.
 async fn load_batch(
     blocks: Arc<BlockService>,
     pacer: Arc<Mutex<Pacer>>,
     task: LoadTask,
-    parallelism: u32,
     gate: JobGate,
 ) -> LoadTaskResult {
     let bytes = task.files.iter().map(|f| f.size).sum();
@@ -267,7 +309,7 @@ async fn load_batch(
         .iter()
         .map(|f| BlockRead::whole_block(&f.path, &f.version, f.size, task.block_size, 0))
         .collect();
-    let outcomes = blocks.load_many(&reads, parallelism as usize, &gate).await;
+    let outcomes = blocks.load_many(&reads, BATCH_PARALLELISM as usize, &gate).await;
     let mut result = LoadTaskResult {
         task_id: task.task_id,
         job_id: task.job_id.clone(),
@@ -306,6 +348,7 @@ async fn load_batch(
 async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: LoadTask) -> LoadTaskResult {
     let len = strata_common::block::block_len(task.file_size, task.block_size, task.index);
     before_load(&blocks, &pacer, len, task.bandwidth).await;
+    let _slot = blocks.qos().load_slot().await;
     let read = BlockRead::whole_block(&task.path, &task.version, task.file_size, task.block_size, task.index);
     let mut result =
         LoadTaskResult { task_id: task.task_id, job_id: task.job_id.clone(), ..Default::default() };

@@ -3,10 +3,13 @@
 //! Client reads mark themselves with [`Qos::foreground`]; the load lane (`loader`) and the
 //! NVMe write-back writer (`cache`) ask [`Qos::busy`] / [`Qos::quiet_for`] before they start
 //! work, and the load window shrinks while reads are active (AIMD): a training job's reads meet
-//! at most one competing UFS fetch per worker. Time comes from the injected clock.
+//! at most one competing UFS fetch per worker. Every fetch of the load lane holds a
+//! [`LoadSlot`], of which there are as many as the window, so several batches of small files
+//! keep the window full between them without ever exceeding it. Time comes from the injected
+//! clock.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use strata_common::SharedClock;
@@ -26,6 +29,19 @@ pub struct Qos {
     /// Nanoseconds since `started` of the last client read's start or end.
     last_ns: AtomicU64,
     window: Mutex<Aimd>,
+    /// Load fetches in flight (each holds a [`LoadSlot`]).
+    loading: AtomicU32,
+    slot_freed: tokio::sync::Notify,
+}
+
+/// One fetch of the load lane in flight, for as long as it lives.
+pub struct LoadSlot<'a>(&'a Qos);
+
+impl Drop for LoadSlot<'_> {
+    fn drop(&mut self) {
+        self.0.loading.fetch_sub(1, Ordering::AcqRel);
+        self.0.slot_freed.notify_one();
+    }
 }
 
 /// Marks one client read in flight for as long as it lives.
@@ -46,6 +62,26 @@ impl Qos {
             inflight: AtomicU64::new(0),
             last_ns: AtomicU64::new(0),
             window: Mutex::new(Aimd::new(DEFAULT_LOAD_PARALLELISM)),
+            loading: AtomicU32::new(0),
+            slot_freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A place for one load fetch, once fewer than the window are in flight.
+    pub async fn load_slot(&self) -> LoadSlot<'_> {
+        loop {
+            let freed = self.slot_freed.notified();
+            let window = self.window();
+            let now = self.loading.load(Ordering::Acquire);
+            if now < window
+                && self.loading.compare_exchange(now, now + 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            {
+                return LoadSlot(self);
+            }
+            if now >= window {
+                // A shrunk window frees no slot by itself: look again now and then.
+                let _ = tokio::time::timeout(Duration::from_millis(50), freed).await;
+            }
         }
     }
 

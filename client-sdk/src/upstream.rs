@@ -89,10 +89,14 @@ impl Upstream for ClusterUpstream {
 /// Peers are asked only where they may hold the block: for a block this worker is not the
 /// first owner of (a read that came by failover, a hedge or a second replica: the owner likely
 /// has it), for any block of a mount with `read_replicas` > 1 (clients spread its reads over
-/// the first owners, so the copy may be on any of them, not only the first), and for any block
-/// during [`PEER_WINDOW`] after the ring changed (or this worker started, which may be it
-/// joining). On a ring that has not moved, the owner's own miss of a block read from one
-/// replica goes straight to the UFS and costs no peer round trip.
+/// the first owners, so the copy may be on any of them, not only the first), and during
+/// [`PEER_WINDOW`] after the ring changed for a block whose owner on the previous ring was
+/// another worker — or, in the window after this worker started (it may have just joined, and
+/// knows no previous ring), the next worker on the ring, which owned the block before. A peer
+/// that answered [`MISS_STREAK`] such asks in a row with a miss (an empty cache, a fresh
+/// cluster) is not asked again until the ring changes. On a ring that has not moved, the
+/// owner's own miss of a block read from one replica goes straight to the UFS and costs no
+/// peer round trip.
 pub struct PeerUpstream {
     client: Client,
     /// This worker, never asked.
@@ -110,6 +114,8 @@ struct Rings {
     previous: Option<strata_common::Ring>,
     /// When the ring last changed (or the upstream started).
     changed_at: std::time::Instant,
+    /// Misses in a row per peer (by id) from asks made for a ring change, since it last changed.
+    misses: std::collections::HashMap<String, u32>,
 }
 
 /// How long after a ring change every miss asks its previous owners first: long enough for the
@@ -127,6 +133,11 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most peers one miss asks before the UFS.
 const PEERS_ASKED: usize = 2;
 
+/// Misses in a row after which a peer asked because the ring changed is not asked again until
+/// the next change: it holds none of the moved blocks (its cache is empty, or it held other
+/// blocks), and every further ask would cost a round trip for nothing.
+pub const MISS_STREAK: u32 = 16;
+
 impl PeerUpstream {
     /// A client of the cluster at `master_addr` for worker `me`, presenting the worker's
     /// `token`; one peer request gives up after `request_timeout` (then the next peer, then
@@ -139,7 +150,12 @@ impl PeerUpstream {
         tls: crate::TlsConfig,
     ) -> Result<Self> {
         let client = Client::connect(cluster_config(master_addr, token, request_timeout, tls)).await?;
-        let rings = Rings { current: None, previous: None, changed_at: client.config().clock.now() };
+        let rings = Rings {
+            current: None,
+            previous: None,
+            changed_at: client.config().clock.now(),
+            misses: std::collections::HashMap::new(),
+        };
         Ok(Self {
             me: me.to_string(),
             rings: std::sync::Mutex::new(rings),
@@ -176,8 +192,9 @@ impl PeerUpstream {
 
     /// The peers that may hold the block of a mount with `read_replicas`, most likely first,
     /// each with whether it is asked to fetch the block (the first owner, asked by another read
-    /// replica) rather than only to look in its tiers.
-    async fn candidates(&self, hash: u64, read_replicas: usize) -> Vec<(strata_common::Member, bool)> {
+    /// replica) rather than only to look in its tiers, and whether it is asked only because the
+    /// ring changed (its misses count towards [`MISS_STREAK`]).
+    async fn candidates(&self, hash: u64, read_replicas: usize) -> Vec<(strata_common::Member, bool, bool)> {
         let ring = match self.client.ring().await {
             Ok(ring) => ring,
             Err(_) => return Vec::new(),
@@ -187,13 +204,17 @@ impl PeerUpstream {
         if rings.current.as_ref().is_none_or(|c| c.epoch() != ring.epoch()) {
             if rings.current.is_some() {
                 rings.changed_at = now;
+                rings.misses.clear();
             }
             rings.previous = rings.current.replace(ring.clone());
         }
         let mine = ring.owners(hash, 1).first().is_some_and(|m| m.id == self.me);
-        if mine && read_replicas <= 1 && now.saturating_duration_since(rings.changed_at) >= PEER_WINDOW {
+        let changed_lately = now.saturating_duration_since(rings.changed_at) < PEER_WINDOW;
+        if mine && read_replicas <= 1 && !changed_lately {
             return Vec::new();
         }
+        // Only a ring change sends this miss to a peer: the one that owned the block before.
+        let for_change = mine && read_replicas <= 1;
         // Every other read replica may hold it (then the owners before a change).
         let asked = PEERS_ASKED.max(read_replicas.saturating_sub(1));
         // A peer the master reports silent, or that just timed out here, would only hold the
@@ -201,30 +222,55 @@ impl PeerUpstream {
         let suspects = self.client.inner.view.read().unwrap_or_else(|p| p.into_inner()).suspects.clone();
         let health = &self.client.inner.health;
         let t = tokio::time::Instant::now();
+        let misses = &rings.misses;
         let mut out: Vec<strata_common::Member> = Vec::new();
         let mut push = |m: &strata_common::Member| {
             let trusted = !suspects.contains(&m.id) && !health.is_suspect(&m.data_addr, t);
-            if trusted && m.id != self.me && !out.iter().any(|o| o.id == m.id) && out.len() < asked {
+            let hopeless = for_change && misses.get(&m.id).is_some_and(|n| *n >= MISS_STREAK);
+            if trusted
+                && !hopeless
+                && m.id != self.me
+                && !out.iter().any(|o| o.id == m.id)
+                && out.len() < asked
+            {
                 out.push(m.clone());
             }
         };
-        // The owner before this worker joined: the next on the ring after it. (When this worker
-        // is not the owner, a read came here by failover or a hedge: the owner likely has it.)
-        for m in ring.owners(hash, read_replicas.max(2)) {
-            push(m);
-        }
-        if let Some(previous) = &rings.previous
-            && let Some(m) = previous.owners(hash, 1).first()
-        {
-            push(m);
+        match &rings.previous {
+            // The block's owner before the change, if it was another worker.
+            Some(previous) if for_change => {
+                if let Some(m) = previous.owners(hash, 1).first() {
+                    push(m);
+                }
+            }
+            // This worker started lately and knows no earlier ring: if it joined, the block
+            // was the next worker's. (When this worker is not the owner, a read came here by
+            // failover, a hedge or a second replica: the owners likely have it.)
+            _ => {
+                for m in ring.owners(hash, read_replicas.max(2)) {
+                    push(m);
+                }
+                if let Some(previous) = &rings.previous
+                    && let Some(m) = previous.owners(hash, 1).first()
+                {
+                    push(m);
+                }
+            }
         }
         let first = ring.owners(hash, 1).first().map(|m| m.id.clone());
         out.into_iter()
             .map(|m| {
                 let forward = read_replicas > 1 && !mine && first.as_deref() == Some(m.id.as_str());
-                (m, forward)
+                (m, forward, for_change)
             })
             .collect()
+    }
+
+    /// Counts a ring-change ask's answer: a miss lengthens the peer's streak, a hit ends it.
+    fn count_answer(&self, peer: &str, hit: bool) {
+        let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        let streak = rings.misses.entry(peer.to_string()).or_default();
+        *streak = if hit { 0 } else { streak.saturating_add(1) };
     }
 }
 
@@ -245,7 +291,7 @@ impl Upstream for PeerUpstream {
         let (look, fetch) = (req.encode_peer(), req.encode_peer_fetch());
         let mut why = Vec::new();
         let read_replicas = self.read_replicas(read.path).await;
-        for (peer, forward) in self.candidates(hash, read_replicas).await {
+        for (peer, forward, for_change) in self.candidates(hash, read_replicas).await {
             // Two read replicas missing one cold block at once would both read the UFS: the one
             // that is not its first owner has the first owner fetch it instead (a plain read,
             // which that worker's single flight shares with its own miss and any other).
@@ -260,6 +306,16 @@ impl Upstream for PeerUpstream {
                 timeout,
             )
             .await;
+            if for_change {
+                match &answer {
+                    Ok(_) => self.count_answer(&peer.id, true),
+                    Err(crate::TransportError::Remote {
+                        kind: strata_common::ErrorKind::NotFound, ..
+                    }) => self.count_answer(&peer.id, false),
+                    // Down, slow or refusing: says nothing of what it holds.
+                    Err(_) => {}
+                }
+            }
             match answer {
                 Ok(bytes) if bytes.len() as u64 == read.len => return Ok(bytes),
                 Ok(bytes) => why.push(format!("{}: {} bytes for {}", peer.id, bytes.len(), read.len)),

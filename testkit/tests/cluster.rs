@@ -207,7 +207,12 @@ fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corrupted_nvme_block_is_detected_and_refetched() {
-    let opts = ClusterOptions { workers: 1, ..ClusterOptions::default() };
+    // A block file of its own (packed small files: tests/small_files.rs).
+    let opts = ClusterOptions {
+        workers: 1,
+        mount_options: vec![("pack_threshold".into(), "0".into())],
+        ..ClusterOptions::default()
+    };
     let mut cluster = Cluster::start(opts).await;
     let data = pattern(MIB / 2, 5);
     cluster.write_file("c.bin", &data);
