@@ -41,7 +41,7 @@ pub fn access_of(method: &str) -> Option<Access> {
         "GetMembership" | "ListMounts" | "Status" | "GetJob" | "ListJobs" | "ListSchedules" | "ListPins"
         | "ListCacheTtls" => Access::Any,
         "Stat" | "List" | "Find" | "GetBlockLocations" | "Locate" | "Sync" => Access::Read,
-        "Delete" | "Mkdir" | "Invalidate" => Access::Write,
+        "Delete" | "Mkdir" | "Invalidate" | "Rename" => Access::Write,
         "AddMount" | "RemoveMount" | "SubmitLoad" | "CancelJob" | "AddSchedule" | "RemoveSchedule"
         | "CreateToken" | "ListTokens" | "RevokeToken" | "Pin" | "Unpin" | "Free" | "SetCacheTtl" => {
             Access::Admin

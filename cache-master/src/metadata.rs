@@ -271,6 +271,22 @@ impl Metadata {
         limit: usize,
         max_depth: usize,
     ) -> Result<(Arc<Mount>, Vec<Entry>, Option<String>), OpError> {
+        self.find_page_with(raw, sync, after, limit, max_depth, false).await
+    }
+
+    /// [`find_page`](Self::find_page), with every directory below the path too (`with_dirs`),
+    /// each just before what it holds, on mounts walked directory by directory (local
+    /// directories, HDFS): their empty directories exist and no file implies them. An object
+    /// store's recursive listing names files only (its directories are their parents).
+    pub async fn find_page_with(
+        &self,
+        raw: &str,
+        sync: bool,
+        after: &str,
+        limit: usize,
+        max_depth: usize,
+        with_dirs: bool,
+    ) -> Result<(Arc<Mount>, Vec<Entry>, Option<String>), OpError> {
         use futures::StreamExt;
         let (r, meta) = self.stat(raw, sync).await?;
         if !meta.is_dir {
@@ -282,10 +298,13 @@ impl Metadata {
         let after = (!after.is_empty()).then_some(after);
         // A walk goes through the cached listings, so the pages of a large directory list it
         // once, not once per page; a service's own ordered listing starts at the page.
+        let tree = CachedTree { metadata: self, mount: &mount };
         let mut listing = if mount.ufs.lists_recursively() {
             mount.ufs.list_recursive(&r.rel, after)
+        } else if with_dirs {
+            strata_ufs::walk_with_dirs(tree, &r.rel, after)
         } else {
-            strata_ufs::walk(CachedTree { metadata: self, mount: &mount }, &r.rel, after)
+            strata_ufs::walk(tree, &r.rel, after)
         };
         // Write-back files not yet in the UFS join the listing in its order (the UFS's copy of
         // a path that has one pending is the older version: the pending one wins).
@@ -415,6 +434,54 @@ impl Metadata {
         result.map_err(|e| OpError::ufs(&r.path, e))
     }
 
+    /// Renames a file or a directory in place through the UFS: `dst` is the new path exactly
+    /// (its parents are made); a file there is replaced, a directory there refuses. `Ok(false)`
+    /// when it cannot be done in place and nothing changed — the paths are on two mounts, the
+    /// UFS cannot rename (object stores), or write-back files not yet uploaded are involved —
+    /// so the caller copies and deletes instead.
+    pub async fn rename(&self, src: &str, dst: &str) -> Result<bool, OpError> {
+        let s = self.writable(src)?;
+        let d = self.writable(dst)?;
+        for r in [&s, &d] {
+            if r.rel.is_empty() {
+                return Err(OpError::MountPoint(r.path.clone()));
+            }
+        }
+        if s.path == d.path {
+            // Nothing to move; only the source must exist.
+            ufs_stat(&s).await?;
+            return Ok(true);
+        }
+        if d.path.starts_with(&format!("{}/", s.path)) {
+            let msg = format!("moving {} into itself", s.path);
+            return Err(OpError::ufs(&d.path, UfsError::Unsupported(msg)));
+        }
+        let pending = |p: &str| self.pending.get(p).is_some() || self.pending.has_children(p);
+        let in_place = Arc::ptr_eq(&s.mount, &d.mount)
+            && s.mount.ufs.as_write().is_some_and(|w| w.capabilities().rename);
+        if !in_place || pending(&s.path) || pending(&d.path) {
+            return Ok(false);
+        }
+        let meta = ufs_stat(&s).await?;
+        match d.mount.ufs.stat(&d.rel).await {
+            Ok(existing) if existing.is_dir && !meta.is_dir => return Err(OpError::IsDirectory(d.path)),
+            Ok(existing) if existing.is_dir => {
+                let msg = format!("{} is a directory that exists", d.path);
+                return Err(OpError::ufs(&d.path, UfsError::AlreadyExists(msg)));
+            }
+            Ok(_) if meta.is_dir => return Err(OpError::FileExists(d.path)),
+            Ok(_) | Err(UfsError::NotFound(_)) => {}
+            Err(e) => return Err(OpError::ufs(&d.path, e)),
+        }
+        let ufs = s.mount.ufs.as_write().ok_or_else(|| Self::read_only(&s))?;
+        let result = ufs.rename(&s.rel, &d.rel).await;
+        self.forget(&s.path, meta.is_dir).await;
+        self.forget(&d.path, meta.is_dir).await;
+        result.map_err(|e| OpError::ufs(&s.path, e))?;
+        info!(src = %s.path, dst = %d.path, dir = meta.is_dir, "renamed");
+        Ok(true)
+    }
+
     /// Forgets what the cache knows of a path (and of its parents' listings).
     pub async fn invalidate(&self, raw: &str) -> Result<(), OpError> {
         let r = self.resolve(raw)?;
@@ -498,6 +565,12 @@ impl Metadata {
     pub fn mount_count(&self) -> usize {
         read(&self.mounts).len()
     }
+}
+
+/// A path's metadata straight from its UFS (a change about to be made must not act on a cached
+/// stat).
+async fn ufs_stat(r: &Resolved) -> Result<ObjectMeta, OpError> {
+    r.mount.ufs.stat(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))
 }
 
 /// A mount's tree as the metadata cache sees it, for walks.

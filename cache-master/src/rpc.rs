@@ -136,7 +136,14 @@ impl MasterRpc for Rpc {
         let req = req.into_inner();
         let (mount, entries, next) = self
             .metadata
-            .find_page(&req.path, req.sync, &req.page_token, page_size(req.page_size), req.max_depth as usize)
+            .find_page_with(
+                &req.path,
+                req.sync,
+                &req.page_token,
+                page_size(req.page_size),
+                req.max_depth as usize,
+                req.with_dirs,
+            )
             .await
             .map_err(status(RPC))?;
         let entries = entries
@@ -161,6 +168,16 @@ impl MasterRpc for Rpc {
         check_path(&req, Access::Write, &req.get_ref().path)?;
         self.metadata.mkdir(&req.into_inner().path).await.map_err(status(RPC))?;
         Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn rename(&self, req: Request<pb::RenameRequest>) -> RpcResult<pb::RenameResponse> {
+        const RPC: &str = "rename";
+        count(RPC);
+        check_path(&req, Access::Write, &req.get_ref().src)?;
+        check_path(&req, Access::Write, &req.get_ref().dst)?;
+        let req = req.into_inner();
+        let renamed = self.metadata.rename(&req.src, &req.dst).await.map_err(status(RPC))?;
+        Ok(Response::new(pb::RenameResponse { renamed }))
     }
 
     async fn invalidate(&self, req: Request<pb::InvalidateRequest>) -> RpcResult<pb::Empty> {

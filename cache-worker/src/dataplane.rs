@@ -8,6 +8,9 @@
 //! what it can carry: a descriptor grant asked on TCP is refused with an error frame, since
 //! only a Unix socket can pass a descriptor.
 //!
+//! `Copy` makes one file a copy of another inside the cluster (by the UFS, or streamed through
+//! this worker's blocks: `copy`), answered when the copy exists.
+//!
 //! Two small requests answer metadata rather than bytes, for clients whose master is
 //! unreachable: `View` (the worker's [`LastView`] of membership and mounts) and `Stat` (a path
 //! stat at the UFS through the worker's mount, answered as the master would).
@@ -21,6 +24,7 @@
 //! waits, stalled frames and untaken responses ([`timed`]), whatever the stream type.
 
 mod admission;
+mod copy;
 mod timed;
 mod write;
 
@@ -488,6 +492,18 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             Ok((frame::Op::WriteBegin, len)) => {
                 let allow = |path: &str| plane.auth.check(&mut session, Access::Write, Some(path));
                 write::serve_write(&mut stream, &plane.blocks, plane.writeback.as_ref(), len, allow).await?
+            }
+            Ok((frame::Op::Copy, len)) => {
+                if let Some(req) = read_body(&mut stream, len, frame::CopyRequest::decode_body).await? {
+                    let allowed = plane
+                        .auth
+                        .check(&mut session, Access::Read, Some(&req.src))
+                        .and_then(|()| plane.auth.check(&mut session, Access::Write, Some(&req.dst)));
+                    match allowed {
+                        Ok(()) => copy::serve_copy(&mut stream, &plane.blocks, &req).await?,
+                        Err((kind, message)) => send_error(&mut stream, req.req_id, kind, &message).await?,
+                    }
+                }
             }
             Ok((frame::Op::OpenBlock, len)) => {
                 if let Some(open) = read_body(&mut stream, len, OpenBlock::decode_body).await? {

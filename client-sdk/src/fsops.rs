@@ -1,5 +1,6 @@
-//! Reads into a caller's buffer, and the write side of the client: whole-file writes through a
-//! worker ([`StrataWriter`]), deletes and directories through the master.
+//! Reads into a caller's buffer, and the write side of the client: whole-file writes and appends
+//! through a worker ([`StrataWriter`]), copies made by a worker ([`Client::copy`]: no byte of the
+//! file through the client), renames, deletes and directories through the master.
 //!
 //! After any change the client forgets its own cached stat of the path and asks the master to
 //! forget its cached metadata, so the next `stat`/`read` through any client of that master sees
@@ -11,11 +12,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use strata_common::frame::{
-    self, MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN, ResponseHeader, WriteBackCopy,
-    WriteBegin, request_header,
+    self, CopyAnswer, CopyRequest, CopyVia, MAX_ERROR_MESSAGE, MAX_WRITE_CHUNK, Op, RESPONSE_HEADER_LEN,
+    ResponseHeader, WriteBackCopy, WriteBegin, WriteFlags, request_header,
 };
 use strata_common::{BlockKey, MountMode, MountOptions, block_slices, path};
-use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest, PendingFile, SyncRequest};
+use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest, PendingFile, RenameRequest, SyncRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::warn;
 
@@ -26,6 +27,11 @@ use crate::{Client, ClientError, FileInfo, Result, TransportError};
 const GATHER: usize = 1 << 20;
 /// Size of a gathered data frame.
 const FRAME: usize = 4 << 20;
+/// Bytes per read when a copy goes through this client (to a write-back mount).
+const COPY_CHUNK: u64 = 8 << 20;
+/// The slowest rate a worker's copy is allowed, on top of the request timeout, before the
+/// client gives up waiting for its answer (a copy's time grows with its size).
+const COPY_MIN_RATE: u64 = 4 << 20;
 /// Frames queued per copy of a write to several workers (write-back with `write_replicas` > 1).
 /// Each copy is sent by a task of its own, so each worker takes the stream at its own pace, up
 /// to this many frames ahead of the slowest, instead of every frame waiting for both.
@@ -68,6 +74,18 @@ impl Client {
     /// mount's `write_replicas` workers at once (the path's owners on the ring), and `close`
     /// returns once each holds them durably: the upload to the UFS follows in the background.
     pub async fn create(&self, raw: &str) -> Result<StrataWriter> {
+        self.create_with(raw, WriteFlags::default()).await
+    }
+
+    /// Starts appending to the file at `path` (made empty if absent): its bytes followed by the
+    /// ones written become the file when [`StrataWriter::close`] succeeds, and an aborted
+    /// append changes nothing. Only on a `mode=write-through` mount whose UFS can append (a
+    /// local directory); elsewhere `InvalidArgument` saying why, at once.
+    pub async fn append(&self, raw: &str) -> Result<StrataWriter> {
+        self.create_with(raw, WriteFlags { append: true }).await
+    }
+
+    async fn create_with(&self, raw: &str, flags: WriteFlags) -> Result<StrataWriter> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         // Any worker can write any file; placing by path spreads concurrent writers.
         let hash = BlockKey::new(p.clone(), String::new(), 0).placement_hash();
@@ -76,6 +94,12 @@ impl Client {
             ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
         }
         let write_back = self.mount_options_of(&p).filter(|o| o.mode == MountMode::WriteBack);
+        if flags.append && write_back.is_some() {
+            return Err(ClientError::InvalidArgument(format!(
+                "cannot append to {p}: it is on a write-back mount, whose journals take whole files \
+                 (appends need mode=write-through)"
+            )));
+        }
         let copies = write_back.as_ref().map_or(1, |o| o.write_replicas as usize);
         let owners = ring.owners(hash, ring.members().len());
         if write_back.is_some() && owners.len() < copies {
@@ -94,7 +118,7 @@ impl Client {
             }
             let write_back =
                 write_id.as_ref().map(|id| WriteBackCopy { write_id: id.clone(), rank: opened.len() as u8 });
-            match self.begin_write(&owner.data_addr, &p, write_back).await {
+            match self.begin_write(&owner.data_addr, &p, write_back, flags).await {
                 Ok(stream) => opened.push(WriteCopy {
                     worker_id: owner.id.clone(),
                     addr: owner.data_addr.clone(),
@@ -137,9 +161,10 @@ impl Client {
         addr: &str,
         p: &str,
         write_back: Option<WriteBackCopy>,
+        flags: WriteFlags,
     ) -> std::result::Result<DataStream, TransportError> {
         let mut stream = crate::transport::connect_tcp(addr, self.dial()).await?;
-        let begin = WriteBegin { req_id: 1, path: p.to_string(), write_back }.encode();
+        let begin = WriteBegin { req_id: 1, path: p.to_string(), write_back }.encode_with(flags);
         let exchange = async {
             stream.write_all(&begin).await.map_err(|source| io_err(addr, source))?;
             stream.flush().await.map_err(|source| io_err(addr, source))?;
@@ -149,6 +174,160 @@ impl Client {
             .await
             .map_err(|_| TransportError::Timeout { addr: addr.to_string() })??;
         Ok(stream)
+    }
+
+    /// Makes the file `dst` a copy of the file `src` without the bytes passing through this
+    /// client: a worker (the ring owner of `dst`, the next one if it cannot be reached; a holder
+    /// of a write-back file not yet uploaded) has the UFS copy it, or streams it through its
+    /// block cache, and answers once `dst` exists (`docs/ARCHITECTURE.md`, "Copies, renames and
+    /// appends"). To a `mode=write-back` mount, whose files need several workers' journals, the
+    /// copy goes through this client's reads and write path instead ([`CopiedBy::Client`]).
+    pub async fn copy(&self, raw_src: &str, raw_dst: &str) -> Result<Copied> {
+        let bad = |e: strata_common::path::PathError| ClientError::InvalidArgument(e.to_string());
+        let src = path::normalize(raw_src).map_err(bad)?;
+        let dst = path::normalize(raw_dst).map_err(bad)?;
+        let info = self.stat(&src).await?;
+        if info.is_dir {
+            return Err(ClientError::IsDirectory(format!("{src} is a directory (copy its files)")));
+        }
+        if src == dst {
+            return Err(ClientError::InvalidArgument(format!("cannot copy {src} onto itself")));
+        }
+        let copied = if self.mount_options_of(&dst).is_some_and(|o| o.mode == MountMode::WriteBack) {
+            self.copy_through_client(&info, &dst).await
+        } else {
+            self.copy_by_worker(&info, &dst).await
+        };
+        // Whatever the outcome, what we knew of the destination may be stale now.
+        let forgot = self.invalidate(&dst).await;
+        let copied = copied?;
+        if let Err(e) = forgot {
+            warn!(path = %dst, err = %e, "copied, but the master's metadata cache was not invalidated");
+        }
+        Ok(copied)
+    }
+
+    async fn copy_by_worker(&self, src: &FileInfo, dst: &str) -> Result<Copied> {
+        let write_back = src.persist != crate::Persist::Persisted;
+        let req = CopyRequest {
+            req_id: 1,
+            src: src.path.clone(),
+            dst: dst.to_string(),
+            version: if write_back { src.version.clone() } else { String::new() },
+            size: if write_back { src.size } else { 0 },
+        };
+        let workers = if write_back && !src.holders.is_empty() {
+            src.holders.clone()
+        } else {
+            let mut ring = self.ring().await?;
+            if ring.is_empty() {
+                ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
+            }
+            // The same worker a write of `dst` would go to.
+            let hash = BlockKey::new(dst.to_string(), String::new(), 0).placement_hash();
+            ring.owners(hash, ring.members().len()).into_iter().cloned().collect()
+        };
+        let timeout = self.config().request_timeout + Duration::from_secs(src.size / COPY_MIN_RATE);
+        let frame = req.encode();
+        let mut last_err = None;
+        for worker in workers {
+            let exchange = async {
+                let mut stream = crate::transport::connect_tcp(&worker.data_addr, self.dial()).await?;
+                stream.write_all(&frame).await.map_err(|e| io_err(&worker.data_addr, e))?;
+                stream.flush().await.map_err(|e| io_err(&worker.data_addr, e))?;
+                read_copy_answer(&mut stream, &worker.data_addr).await
+            };
+            let answer = tokio::time::timeout(timeout, exchange)
+                .await
+                .unwrap_or_else(|_| Err(TransportError::Timeout { addr: worker.data_addr.clone() }));
+            match answer {
+                Ok(a) => {
+                    let by = match a.via {
+                        CopyVia::Ufs => CopiedBy::Ufs,
+                        CopyVia::Streamed => CopiedBy::Worker,
+                    };
+                    return Ok(Copied { by, bytes: a.bytes, worker: worker.id });
+                }
+                // A copy is idempotent (the destination is replaced whole), so any worker may
+                // take it over.
+                Err(e) if e.try_next_worker() => {
+                    warn!(worker = %worker.id, src = %src.path, dst, err = %e, "copy failed; trying the next worker");
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(ClientError::from_transport(e)),
+            }
+        }
+        Err(ClientError::unserved(last_err, "no live worker to make the copy"))
+    }
+
+    /// Reads `src` and writes it to `dst` through this client (a write-back destination).
+    async fn copy_through_client(&self, src: &FileInfo, dst: &str) -> Result<Copied> {
+        let mut w = self.create(dst).await?;
+        let mut offset = 0;
+        while offset < src.size {
+            let len = (src.size - offset).min(COPY_CHUNK);
+            let bytes = self.read_range_of(src, offset, len).await?;
+            w.write(&bytes).await?;
+            offset += len;
+        }
+        w.close().await?;
+        Ok(Copied { by: CopiedBy::Client, bytes: src.size, worker: String::new() })
+    }
+
+    /// Renames a file or a directory in place through the master, whose UFS does it (a local
+    /// directory, HDFS): `dst` is the new path exactly, a file there is replaced, a directory
+    /// there refuses (`AlreadyExists`). `Ok(false)` when the rename cannot be made in place
+    /// (another mount, a UFS that cannot rename such as an object store, write-back files not
+    /// yet uploaded) and nothing changed: copy and delete instead ([`Client::move_file`] does
+    /// for a file).
+    pub async fn rename(&self, raw_src: &str, raw_dst: &str) -> Result<bool> {
+        let bad = |e: strata_common::path::PathError| ClientError::InvalidArgument(e.to_string());
+        let src = path::normalize(raw_src).map_err(bad)?;
+        let dst = path::normalize(raw_dst).map_err(bad)?;
+        let result = self.master().rename(RenameRequest { src: src.clone(), dst: dst.clone() }).await;
+        self.forget_local(&src, true);
+        self.forget_local(&dst, true);
+        Ok(result.map_err(self.rpc_err("rename"))?.into_inner().renamed)
+    }
+
+    /// Moves a file: renamed in place where the UFS can, else copied by a worker (see
+    /// [`copy`](Self::copy)) and the source deleted once the copy exists.
+    pub async fn move_file(&self, src: &str, dst: &str) -> Result<Moved> {
+        if self.stat(src).await?.is_dir {
+            return Err(ClientError::IsDirectory(format!("{src} is a directory (move_file moves files)")));
+        }
+        if self.rename(src, dst).await? {
+            return Ok(Moved::Renamed);
+        }
+        let copied = self.copy(src, dst).await?;
+        self.delete(src, false).await?;
+        Ok(Moved::Copied(copied))
+    }
+
+    /// [`find_page`](Client::find_page) with every directory below `raw` too, each just before
+    /// what it holds, on mounts listed directory by directory (a local directory, HDFS: their
+    /// empty directories exist and no file implies them); an object store's names files only.
+    /// Asks the master every time: pages with directories are not kept for outages (a caller
+    /// falls back to `find_page` then).
+    pub async fn find_page_with_dirs(
+        &self,
+        raw: &str,
+        page_token: &str,
+        page_size: u32,
+        max_depth: u32,
+    ) -> Result<(Vec<FileInfo>, Option<String>)> {
+        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let req = strata_proto::FindRequest {
+            path: p,
+            sync: false,
+            page_token: page_token.to_string(),
+            page_size,
+            max_depth,
+            with_dirs: true,
+        };
+        let resp = self.master().find(req).await.map_err(self.rpc_err("find"))?.into_inner();
+        let next = (!resp.next_page_token.is_empty()).then_some(resp.next_page_token);
+        Ok((resp.entries.into_iter().map(FileInfo::from).collect(), next))
     }
 
     /// Deletes a file, or a directory (with everything under it when `recursive`).
@@ -268,6 +447,62 @@ async fn read_answer(stream: &mut DataStream, addr: &str) -> std::result::Result
             })
         }
     }
+}
+
+/// Reads a `Copy` answer: its [`CopyAnswer`], or the worker's error.
+async fn read_copy_answer(
+    stream: &mut DataStream,
+    addr: &str,
+) -> std::result::Result<CopyAnswer, TransportError> {
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    crate::transport::read_head(stream, addr, &mut head).await?;
+    let protocol = |reason: String| TransportError::Protocol { addr: addr.to_string(), reason };
+    let head = ResponseHeader::decode(&head).map_err(|e| protocol(e.to_string()))?;
+    match head.status {
+        Ok(_) if head.payload_len == CopyAnswer::ENCODED_LEN as u64 => {
+            let mut payload = [0u8; CopyAnswer::ENCODED_LEN];
+            stream.read_exact(&mut payload).await.map_err(|source| io_err(addr, source))?;
+            CopyAnswer::decode(&payload).map_err(|e| protocol(e.to_string()))
+        }
+        Ok(_) => Err(protocol(format!("a copy answer with {} bytes of payload", head.payload_len))),
+        Err(kind) => {
+            let mut msg = vec![0u8; head.payload_len.min(MAX_ERROR_MESSAGE as u64) as usize];
+            stream.read_exact(&mut msg).await.map_err(|source| io_err(addr, source))?;
+            Err(TransportError::Remote {
+                addr: addr.to_string(),
+                kind,
+                message: String::from_utf8_lossy(&msg).into_owned(),
+            })
+        }
+    }
+}
+
+/// Who made a copy ([`Client::copy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopiedBy {
+    /// The UFS itself (S3 CopyObject, a local file copy): no byte through any Strata process.
+    Ufs,
+    /// A worker, reading the source's blocks through its cache into the destination's writer.
+    Worker,
+    /// This client (the destination is on a write-back mount).
+    Client,
+}
+
+/// A copy made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    pub by: CopiedBy,
+    /// The size of the copy.
+    pub bytes: u64,
+    /// The worker that made it (empty for [`CopiedBy::Client`]).
+    pub worker: String,
+}
+
+/// How [`Client::move_file`] moved a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Moved {
+    Renamed,
+    Copied(Copied),
 }
 
 /// A file being written through a worker (through several at once on a write-back mount).

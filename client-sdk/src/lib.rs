@@ -54,7 +54,7 @@ use crate::listings::{ListKey, Listings, STALE_TOKEN};
 use crate::outage::{FALLBACK_DEADLINE, Outage};
 
 pub use error::{ClientError, Result, Unserved};
-pub use fsops::StrataWriter;
+pub use fsops::{Copied, CopiedBy, Moved, StrataWriter};
 pub use health::HedgePolicy;
 pub use jobs::job_finished;
 pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
@@ -928,6 +928,7 @@ impl Client {
             page_token: page_token.to_string(),
             page_size,
             max_depth,
+            with_dirs: false,
         };
         let mut master = self.master();
         match self.master_call("find", fallback, master.find(req)).await {

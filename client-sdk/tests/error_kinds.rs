@@ -17,10 +17,10 @@ use strata_proto::{
     HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
     ListRequest, ListResponse, LoadTasks, LocateRequest, LocateResponse, Member, Membership, MkdirRequest,
     MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse,
-    RemoveMountRequest, ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId,
-    ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest, StatRequest, SubmitLoadRequest,
-    SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse,
-    WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
+    RemoveMountRequest, RenameRequest, RenameResponse, ReportLoadTasksRequest, ReportLoadTasksResponse,
+    RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest,
+    StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest,
+    UploadResultRequest, UploadResultResponse, WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -86,6 +86,7 @@ fake_master! {
     delete(DeleteRequest) -> Empty;
     mkdir(MkdirRequest) -> Empty;
     invalidate(InvalidateRequest) -> Empty;
+    rename(RenameRequest) -> RenameResponse;
     register_worker(RegisterWorkerRequest) -> RegisterWorkerResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
     worker_mounts(WorkerMountsRequest) -> MountList;

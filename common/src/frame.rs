@@ -38,12 +38,27 @@
 //! ```
 //! On a `mode=write-back` mount a client streams the same file to `write_replicas` workers at
 //! once; `WriteBegin` then carries `id_len:u8 write_id rank:u8` (rank 0 is the primary). A
+//! `WriteBegin` may end with `flags:u8` after that part (written `0:u8 flags:u8` when it is not a
+//! write-back copy): bit 0 appends to the file instead of replacing it ([`WriteFlags`]); no other
+//! bit is defined. A worker that predates the flags refuses such a body as malformed, so an
+//! append is never taken for a replacement. A
 //! replica answers its `WriteEnd` once its journal is durable; the client then ends the
 //! primary's stream with the replicas that did (`count:u8 (len:u8 worker_id)*`), and the
 //! primary answers once its own journal is durable and the master has the file.
 //! A failure in the middle is answered at `WriteEnd` (the data frames already sent are read and
 //! dropped, so the connection stays in sync); closing the connection before `WriteEnd` aborts
 //! the write and leaves the old object in place.
+//!
+//! A copy is one request, made by the worker end to end (see [`CopyRequest`]):
+//! ```text
+//! Copy  body = req_id:u64 src_len:u16 src dst_len:u16 dst version_len:u16 version size:u64
+//!                                    → response, payload = via:u8 bytes:u64 ([`CopyAnswer`])
+//! ```
+//! The worker answers once the destination exists in the UFS (the UFS copied it, or the worker
+//! streamed the source's blocks through its cache into a writer of the destination); no byte of
+//! the file crosses the client's connection. `version`/`size` name a write-back version the
+//! client knows (its holders' journals have it, not the UFS); empty for any other file, whose
+//! version the worker reads from the UFS at the time of the copy.
 
 use thiserror::Error;
 
@@ -109,6 +124,8 @@ pub enum Op {
     /// replicas missing one cold block at once read the UFS once. Not counted as bytes served
     /// to clients.
     PeerFetch = 16,
+    /// Copy one file to another path, inside the cluster ([`CopyRequest`] → [`CopyAnswer`]).
+    Copy = 18,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -316,6 +333,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         13 => Op::HandOffOffer,
         14 => Op::HandOffBlock,
         16 => Op::PeerFetch,
+        18 => Op::Copy,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -327,10 +345,13 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::RdmaConnect => RdmaEndpoint::ENCODED_LEN,
         Op::View => 8,
         Op::Auth => MAX_AUTH_BODY,
-        Op::ReadBlock | Op::WriteBegin | Op::Stat | Op::PeerRead | Op::PeerFetch => MAX_REQUEST_BODY,
+        Op::ReadBlock | Op::Stat | Op::PeerRead | Op::PeerFetch => MAX_REQUEST_BODY,
+        // The write-back part and the flags byte are far below a read's fixed fields.
+        Op::WriteBegin => MAX_REQUEST_BODY,
         Op::OpenBlock => MAX_REQUEST_BODY + 1,
         Op::HandOffOffer => MAX_HANDOFF_OFFER_BODY,
         Op::HandOffBlock => 8 + 4 + MAX_BLOCK_KEY_LEN + crate::MAX_BLOCK_SIZE as usize,
+        Op::Copy => MAX_COPY_BODY,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
@@ -585,42 +606,188 @@ pub struct WriteBackCopy {
 /// Longest write id.
 pub const MAX_WRITE_ID: usize = 64;
 
+/// How a write treats the file it names (the optional last byte of a `WriteBegin` body).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteFlags {
+    /// The bytes written go after the file's (which is made empty if absent) instead of
+    /// replacing it; the result still appears only when the write commits.
+    pub append: bool,
+}
+
+impl WriteFlags {
+    const APPEND: u8 = 1;
+
+    fn encode(self) -> u8 {
+        if self.append { Self::APPEND } else { 0 }
+    }
+
+    fn decode(b: u8) -> Result<Self, FrameError> {
+        if b & !Self::APPEND != 0 {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { append: b & Self::APPEND != 0 })
+    }
+}
+
 impl WriteBegin {
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(WriteFlags::default())
+    }
+
+    /// The frame with `flags`; with none set it is the frame [`encode`](Self::encode) writes,
+    /// which every worker reads.
+    pub fn encode_with(&self, flags: WriteFlags) -> Vec<u8> {
         let mut out = encode_path_request(Op::WriteBegin, self.req_id, &self.path);
-        if let Some(copy) = &self.write_back {
-            let id = &copy.write_id.as_bytes()[..copy.write_id.len().min(MAX_WRITE_ID)];
-            out.push(id.len() as u8);
-            out.extend_from_slice(id);
-            out.push(copy.rank);
-            let body_len = (out.len() - REQUEST_HEADER_LEN) as u32;
-            out[8..12].copy_from_slice(&body_len.to_le_bytes());
+        let flagged = flags != WriteFlags::default();
+        match &self.write_back {
+            Some(copy) => {
+                let id = &copy.write_id.as_bytes()[..copy.write_id.len().min(MAX_WRITE_ID)];
+                out.push(id.len() as u8);
+                out.extend_from_slice(id);
+                out.push(copy.rank);
+            }
+            None if flagged => out.push(0),
+            None => {}
         }
+        if flagged {
+            out.push(flags.encode());
+        }
+        let body_len = (out.len() - REQUEST_HEADER_LEN) as u32;
+        out[8..12].copy_from_slice(&body_len.to_le_bytes());
+        out
+    }
+
+    /// A body without flags (a body that sets any is malformed here: use [`decode`](Self::decode),
+    /// so no flag is ever dropped unread).
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        match Self::decode(body)? {
+            (begin, flags) if flags == WriteFlags::default() => Ok(begin),
+            _ => Err(FrameError::Malformed),
+        }
+    }
+
+    /// A body and its flags.
+    pub fn decode(body: &[u8]) -> Result<(Self, WriteFlags), FrameError> {
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let path = r.string()?;
+        let mut write_back = None;
+        let mut flags = WriteFlags::default();
+        if r.pos != body.len() {
+            let id = r.bytes_u8()?.to_vec();
+            if id.is_empty() {
+                // Not a write-back copy: the flags follow.
+                flags = WriteFlags::decode(r.u8()?)?;
+            } else {
+                let write_id = String::from_utf8(id).map_err(|_| FrameError::NotUtf8)?;
+                if write_id.len() > MAX_WRITE_ID
+                    || !write_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                {
+                    return Err(FrameError::Malformed);
+                }
+                let rank = r.u8()?;
+                write_back = Some(WriteBackCopy { write_id, rank });
+                if r.pos != body.len() {
+                    flags = WriteFlags::decode(r.u8()?)?;
+                }
+            }
+        }
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok((Self { req_id, path, write_back }, flags))
+    }
+}
+
+/// Largest `Copy` body: two maximal paths and a maximal version.
+pub const MAX_COPY_BODY: usize =
+    8 + 2 + crate::path::MAX_PATH_LEN + 2 + crate::path::MAX_PATH_LEN + 2 + MAX_VERSION_LEN + 8;
+
+/// Body of [`Op::Copy`]: make `dst` a copy of the file `src` (both Strata paths, normalised).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyRequest {
+    pub req_id: u64,
+    pub src: String,
+    pub dst: String,
+    /// A write-back version of `src` not yet in the UFS, with its `size` (the client's stat);
+    /// empty (and `size` 0) for every other file: the worker takes the UFS's current version.
+    pub version: String,
+    pub size: u64,
+}
+
+impl CopyRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let strings = [&self.src, &self.dst, &self.version];
+        let body_len = 8 + strings.iter().map(|s| 2 + s.len()).sum::<usize>() + 8;
+        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len);
+        out.extend_from_slice(&request_header(Op::Copy, body_len));
+        out.extend_from_slice(&self.req_id.to_le_bytes());
+        for s in strings {
+            out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+        out.extend_from_slice(&self.size.to_le_bytes());
         out
     }
 
     pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
         let mut r = Reader { buf: body, pos: 0 };
         let req_id = r.u64()?;
-        let path = r.string()?;
-        let write_back = if r.pos == body.len() {
-            None
-        } else {
-            let id = r.bytes_u8()?.to_vec();
-            let write_id = String::from_utf8(id).map_err(|_| FrameError::NotUtf8)?;
-            if write_id.is_empty()
-                || write_id.len() > MAX_WRITE_ID
-                || !write_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            {
-                return Err(FrameError::Malformed);
-            }
-            let rank = r.u8()?;
-            Some(WriteBackCopy { write_id, rank })
-        };
-        if r.pos != body.len() {
+        let src = r.string()?;
+        let dst = r.string()?;
+        let version = r.string()?;
+        let size = r.u64()?;
+        if r.pos != body.len()
+            || src.len() > crate::path::MAX_PATH_LEN
+            || dst.len() > crate::path::MAX_PATH_LEN
+        {
             return Err(FrameError::Malformed);
         }
-        Ok(Self { req_id, path, write_back })
+        if version.len() > MAX_VERSION_LEN || (version.is_empty() && size != 0) {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { req_id, src, dst, version, size })
+    }
+}
+
+/// How a worker made a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CopyVia {
+    /// The UFS copied the object itself (S3 CopyObject, a local file copy): no byte of it
+    /// passed through the worker.
+    Ufs = 1,
+    /// The worker read the source's blocks through its cache (cached blocks not read from the
+    /// UFS again) and wrote them to the destination.
+    Streamed = 2,
+}
+
+/// The payload of a successful `Copy` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyAnswer {
+    pub via: CopyVia,
+    /// The size of the copy.
+    pub bytes: u64,
+}
+
+impl CopyAnswer {
+    pub const ENCODED_LEN: usize = 9;
+
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[0] = self.via as u8;
+        out[1..].copy_from_slice(&self.bytes.to_le_bytes());
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self, FrameError> {
+        let buf: &[u8; Self::ENCODED_LEN] = buf.try_into().map_err(|_| FrameError::Malformed)?;
+        let via = match buf[0] {
+            1 => CopyVia::Ufs,
+            2 => CopyVia::Streamed,
+            _ => return Err(FrameError::Malformed),
+        };
+        Ok(Self { via, bytes: u64::from_le_bytes(buf[1..].try_into().expect("8 bytes")) })
     }
 }
 
@@ -1107,10 +1274,107 @@ mod tests {
         assert!(decode_request_header(&request_header(Op::RdmaConnect, 25)).is_err());
     }
 
+    #[test]
+    fn write_flags_round_trip_and_old_bodies_still_read() {
+        let plain = WriteBegin { req_id: 3, path: "/w/a".into(), write_back: None };
+        let append = WriteFlags { append: true };
+        // No flags: byte for byte the frame every worker reads.
+        assert_eq!(plain.encode_with(WriteFlags::default()), plain.encode());
+        for begin in [
+            plain.clone(),
+            WriteBegin {
+                write_back: Some(WriteBackCopy { write_id: "ab-1".into(), rank: 2 }),
+                ..plain.clone()
+            },
+        ] {
+            for flags in [WriteFlags::default(), append] {
+                let enc = begin.encode_with(flags);
+                let (op, len) = decode_request_header(enc[..REQUEST_HEADER_LEN].try_into().unwrap()).unwrap();
+                assert_eq!((op, len), (Op::WriteBegin, enc.len() - REQUEST_HEADER_LEN));
+                assert_eq!(WriteBegin::decode(&enc[REQUEST_HEADER_LEN..]).unwrap(), (begin.clone(), flags));
+            }
+            // An append is never read as a replacement by a decoder that ignores flags.
+            let enc = begin.encode_with(append);
+            assert_eq!(WriteBegin::decode_body(&enc[REQUEST_HEADER_LEN..]), Err(FrameError::Malformed));
+        }
+        let mut body = plain.encode_with(append)[REQUEST_HEADER_LEN..].to_vec();
+        *body.last_mut().unwrap() = 0b10;
+        assert_eq!(WriteBegin::decode(&body), Err(FrameError::Malformed), "an unknown flag");
+        body.pop();
+        assert_eq!(WriteBegin::decode(&body), Err(FrameError::Malformed), "no write-back id and no flags");
+    }
+
+    #[test]
+    fn copy_frames_round_trip_and_are_bounded() {
+        let req = CopyRequest {
+            req_id: 7,
+            src: "/data/a/ü.bin".into(),
+            dst: "/other/b.bin".into(),
+            version: String::new(),
+            size: 0,
+        };
+        let wb = CopyRequest { version: "wb-0af3".into(), size: 12, ..req.clone() };
+        for r in [req.clone(), wb] {
+            let enc = r.encode();
+            let (op, len) = decode_request_header(enc[..REQUEST_HEADER_LEN].try_into().unwrap()).unwrap();
+            assert_eq!((op, len), (Op::Copy, enc.len() - REQUEST_HEADER_LEN));
+            assert_eq!(CopyRequest::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(), r);
+            let body = &enc[REQUEST_HEADER_LEN..];
+            for cut in 0..body.len() {
+                assert!(CopyRequest::decode_body(&body[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut longer = body.to_vec();
+            longer.push(0);
+            assert_eq!(CopyRequest::decode_body(&longer), Err(FrameError::Malformed));
+        }
+        // A size without a version means nothing: refused rather than guessed at.
+        let sized = CopyRequest { size: 5, ..req };
+        assert_eq!(
+            CopyRequest::decode_body(&sized.encode()[REQUEST_HEADER_LEN..]),
+            Err(FrameError::Malformed)
+        );
+        assert!(decode_request_header(&request_header(Op::Copy, MAX_COPY_BODY)).is_ok());
+        assert!(matches!(
+            decode_request_header(&request_header(Op::Copy, MAX_COPY_BODY + 1)),
+            Err(FrameError::BodyTooLarge(_))
+        ));
+
+        for answer in [
+            CopyAnswer { via: CopyVia::Ufs, bytes: 1 << 40 },
+            CopyAnswer { via: CopyVia::Streamed, bytes: 0 },
+        ] {
+            assert_eq!(CopyAnswer::decode(&answer.encode()), Ok(answer));
+        }
+        assert!(CopyAnswer::decode(&[3, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(CopyAnswer::decode(&[1; 8]).is_err());
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = ReadBlockRequest::decode_body(&body);
+        }
+
+        #[test]
+        fn arbitrary_copy_and_write_begin_bodies_never_panic(
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let _ = CopyRequest::decode_body(&body);
+            let _ = CopyAnswer::decode(&body);
+            let _ = WriteBegin::decode(&body);
+        }
+
+        #[test]
+        fn copy_requests_round_trip(
+            src in "/[a-z0-9/._-]{1,40}",
+            dst in "/[a-z0-9/._-]{1,40}",
+            version in "[a-zA-Z0-9-]{0,30}",
+            size in any::<u64>(),
+            req_id in any::<u64>(),
+        ) {
+            let size = if version.is_empty() { 0 } else { size };
+            let req = CopyRequest { req_id, src, dst, version, size };
+            prop_assert_eq!(CopyRequest::decode_body(&req.encode()[REQUEST_HEADER_LEN..]).unwrap(), req);
         }
 
         #[test]

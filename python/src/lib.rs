@@ -48,10 +48,25 @@ fn to_py(e: ClientError) -> PyErr {
         K::PermissionDenied | K::Unauthenticated => PyPermissionError::new_err(msg),
         K::InvalidArgument => PyValueError::new_err(msg),
         K::AlreadyExists => PyFileExistsError::new_err(msg),
-        K::Unavailable => PyConnectionError::new_err(msg),
+        K::Unavailable | K::NotLeader => PyConnectionError::new_err(msg),
         // No room (a pin beyond a tier's capacity): an OSError whose errno says so.
         K::ResourceExhausted => PyOSError::new_err((libc::ENOSPC, msg)),
+        // The file changed under a reader of one version: what NFS calls a stale handle.
+        K::VersionChanged => PyOSError::new_err((libc::ESTALE, msg)),
+        // The storage behind the cache failed (after its retries).
+        K::Ufs => PyOSError::new_err((libc::EIO, msg)),
         _ => PyOSError::new_err(msg),
+    }
+}
+
+pyo3::import_exception!(io, UnsupportedOperation);
+
+/// A refused append as `io.UnsupportedOperation` (an `OSError` and a `ValueError`, as Python's
+/// own files raise for an operation they cannot do); any other error as [`to_py`].
+fn append_to_py(e: ClientError) -> PyErr {
+    match e.kind() {
+        strata_common::ErrorKind::InvalidArgument => UnsupportedOperation::new_err(e.to_string()),
+        _ => to_py(e),
     }
 }
 
@@ -308,7 +323,9 @@ impl Client {
     }
 
     /// One page of every file under `path` (recursively, server side): `(entries, next_token)`.
-    #[pyo3(signature = (path, token="", page_size=0, max_depth=0))]
+    /// `with_dirs`: every directory too, on mounts listed directory by directory (a local
+    /// directory), so empty ones are found.
+    #[pyo3(signature = (path, token="", page_size=0, max_depth=0, with_dirs=false))]
     fn find_page<'py>(
         &self,
         py: Python<'py>,
@@ -316,10 +333,17 @@ impl Client {
         token: &str,
         page_size: u32,
         max_depth: u32,
+        with_dirs: bool,
     ) -> PyResult<(Bound<'py, PyList>, Option<String>)> {
         let (entries, next) = py.detach(|| {
-            self.shared
-                .run(|rt, c, _| rt.block_on(c.find_page(path, token, page_size, max_depth)).map_err(to_py))
+            self.shared.run(|rt, c, _| {
+                let page = if with_dirs {
+                    rt.block_on(c.find_page_with_dirs(path, token, page_size, max_depth))
+                } else {
+                    rt.block_on(c.find_page(path, token, page_size, max_depth))
+                };
+                page.map_err(to_py)
+            })
         })?;
         let out = PyList::empty(py);
         for e in &entries {
@@ -432,11 +456,19 @@ impl Client {
         })
     }
 
-    /// A writer replacing the file when it is closed.
-    fn open_write(&self, py: Python<'_>, path: &str) -> PyResult<Writer> {
+    /// A writer replacing the file when it is closed; with `append`, one whose bytes go after
+    /// the file's (`io.UnsupportedOperation` where the mount cannot append).
+    #[pyo3(signature = (path, append=false))]
+    fn open_write(&self, py: Python<'_>, path: &str, append: bool) -> PyResult<Writer> {
+        // A bad path is a ValueError of its own, not a refused append.
+        strata_common::path::normalize(path).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let w = py.detach(|| {
             self.shared.run(|rt, c, generation| {
-                let mut w = rt.block_on(c.create(path)).map_err(to_py)?;
+                let mut w = if append {
+                    rt.block_on(c.append(path)).map_err(append_to_py)?
+                } else {
+                    rt.block_on(c.create(path)).map_err(to_py)?
+                };
                 let _in_runtime = rt.enter();
                 w.park().map_err(to_py)?;
                 Ok((generation, w))
@@ -511,6 +543,31 @@ impl Client {
         })?;
         drop(data);
         info_dict(py, &info)
+    }
+
+    /// Makes `dst` a copy of the file `src` inside the cluster (no byte through this process,
+    /// unless `dst` is on a write-back mount). Returns a dict: `by` ("ufs", "worker" or
+    /// "client"), `bytes`, `worker` (the worker that made it, "" for "client").
+    fn copy<'py>(&self, py: Python<'py>, src: &str, dst: &str) -> PyResult<Bound<'py, PyDict>> {
+        let copied =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.copy(src, dst)).map_err(to_py)))?;
+        let d = PyDict::new(py);
+        let by = match copied.by {
+            strata_client::CopiedBy::Ufs => "ufs",
+            strata_client::CopiedBy::Worker => "worker",
+            strata_client::CopiedBy::Client => "client",
+        };
+        d.set_item("by", by)?;
+        d.set_item("bytes", copied.bytes)?;
+        d.set_item("worker", copied.worker)?;
+        Ok(d)
+    }
+
+    /// Renames a file or a directory in place through the master (`dst` is the new path
+    /// exactly). False when it cannot be done in place and nothing changed (another mount, a
+    /// UFS that cannot rename, write-back files not yet uploaded): copy and delete instead.
+    fn rename(&self, py: Python<'_>, src: &str, dst: &str) -> PyResult<bool> {
+        py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.rename(src, dst)).map_err(to_py)))
     }
 
     #[pyo3(signature = (path, recursive=false))]

@@ -8,14 +8,23 @@ which the master answers page by page.
 
 ``strata://data/x.bin`` and ``strata:///data/x.bin`` both name ``/data/x.bin``: the first
 component is the mount, as a bucket is for s3fs.
+
+Copies (``cp_file``, ``copy``, ``cp``) are made inside the cluster by a worker, no byte through
+this process; ``mv`` renames in place where the UFS can (a local directory), else copies and
+deletes. Bulk ``put``/``get``/``cp``/``rm``/``mv`` follow fsspec's local filesystem created with
+``auto_mkdir=True`` (parents are made as on an object store); docs/PYTHON.md, "The fsspec
+surface", lists every difference.
 """
 
 from __future__ import annotations
 
+import datetime
 import errno
 import io
 import os
+import shutil
 import time
+from glob import has_magic
 from typing import Any
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
@@ -106,10 +115,20 @@ class StrataFileSystem(AbstractFileSystem):
             if not token:
                 return
 
-    def _find_iter(self, path, max_depth=0):
+    def _find_iter(self, path, max_depth=0, with_dirs=False):
         token = ""
+        if with_dirs:
+            try:
+                page, token = self._client.find_page(path, token, 0, max_depth, True)
+            except ConnectionError:
+                # No master: the listing kept for outages names files only.
+                with_dirs = False
+            else:
+                yield from page
+                if not token:
+                    return
         while True:
-            page, token = self._client.find_page(path, token, 0, max_depth)
+            page, token = self._client.find_page(path, token, 0, max_depth, with_dirs)
             yield from page
             if not token:
                 return
@@ -118,8 +137,9 @@ class StrataFileSystem(AbstractFileSystem):
         """Every file under ``path``, as fsspec's ``find``, listed by the master in one paged
         stream (``glob`` and ``du`` use it too) instead of one listing per directory.
 
-        Directories (``withdirs``) are the parents of the files found: a directory with no file
-        anywhere below it is not listed (object stores have no such directories anyway)."""
+        Directories (``withdirs``) come from the same listing on mounts listed directory by
+        directory (a local directory: empty ones too); on an object store they are the parents
+        of the files found (a directory marker holding nothing is not listed)."""
         path = self._strip_protocol(path)
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
@@ -136,7 +156,7 @@ class StrataFileSystem(AbstractFileSystem):
             base = path.rstrip("/")
             # Directories deeper than maxdepth still matter for the parents they imply.
             server_depth = 0 if withdirs else (maxdepth or 0)
-            for info in self._find_iter(path, server_depth):
+            for info in self._find_iter(path, server_depth, with_dirs=withdirs):
                 name = info["name"]
                 parts = name[len(base) + 1:].split("/")
                 if maxdepth is None or len(parts) <= maxdepth:
@@ -327,12 +347,17 @@ class StrataFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if mode == "rb":
             return StrataReadFile(self, path, block_size)
-        if mode in ("wb", "xb"):
+        if mode in ("wb", "xb", "ab"):
             if mode == "xb" and self.exists(path):
-                raise FileExistsError(path)
-            return StrataWriteFile(self, path, wait_persisted=kwargs.get("wait_persisted"),
-                                   persist_timeout=kwargs.get("persist_timeout", _FS_DEFAULT))
-        raise ValueError(f"unsupported mode {mode!r} (strata files are 'rb' or 'wb')")
+                raise FileExistsError(errno.EEXIST, "File exists", path)
+            try:
+                return StrataWriteFile(self, path, wait_persisted=kwargs.get("wait_persisted"),
+                                       persist_timeout=kwargs.get("persist_timeout", _FS_DEFAULT),
+                                       append=mode == "ab")
+            except (FileNotFoundError, FileExistsError) as e:
+                self._raise_if_parent_is_file(path, e)
+                raise
+        raise ValueError(f"unsupported mode {mode!r} (strata files are 'rb', 'wb', 'xb' or 'ab')")
 
     # ---- writes (mounts with mode=write-through or mode=write-back) ----
 
@@ -354,7 +379,12 @@ class StrataFileSystem(AbstractFileSystem):
         if os.path.isdir(lpath):
             self.makedirs(rpath, exist_ok=True)
             return None
-        info = self._client.put_file(os.fspath(lpath), rpath)
+        try:
+            info = self._client.put_file(os.fspath(lpath), rpath)
+        except (FileNotFoundError, FileExistsError) as e:
+            if os.path.exists(lpath):
+                self._raise_if_parent_is_file(rpath, e)
+            raise
         if callback is not None:
             callback.set_size(info["size"])
             callback.relative_update(info["size"])
@@ -365,8 +395,13 @@ class StrataFileSystem(AbstractFileSystem):
         """Writes ``value`` as the whole file (waits for its upload as ``put_file`` does)."""
         path = self._strip_protocol(path)
         if mode == "create" and self.exists(path):
-            raise FileExistsError(path)
-        self._written(self._client.pipe(path, value), **kwargs)
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        try:
+            info = self._client.pipe(path, value)
+        except (FileNotFoundError, FileExistsError) as e:
+            self._raise_if_parent_is_file(path, e)
+            raise
+        self._written(info, **kwargs)
 
     def rm_file(self, path):
         self._client.rm(self._strip_protocol(path), False)
@@ -375,30 +410,212 @@ class StrataFileSystem(AbstractFileSystem):
         self.rm_file(path)
 
     def rm(self, path, recursive=False, maxdepth=None):
-        paths = path if isinstance(path, list) else [path]
-        for p in paths:
-            p = self._strip_protocol(p)
-            if maxdepth is None and not any(c in p for c in "*?["):
-                self._client.rm(p, bool(recursive))
+        """Deletes files, and directories: with ``recursive=True`` everything under them (one
+        call to the master per path given), without it only an empty one (``OSError`` ENOTEMPTY
+        otherwise), as fsspec's generic and memory filesystems do. ``path`` may be a list and
+        hold globs; ``maxdepth`` limits how deep a recursive delete goes: the files within it
+        go, and a directory that still holds something deeper raises ``OSError`` (ENOTEMPTY) and
+        stays. A literal path that does not exist raises ``FileNotFoundError``; a glob that
+        matches nothing too."""
+        paths = [self._strip_protocol(p) for p in (path if isinstance(path, list) else [path])]
+        if maxdepth is None and not any(has_magic(p) for p in paths):
+            for p in paths:
+                if recursive:
+                    # One call for a whole tree: the master deletes it in the UFS.
+                    self._client.rm(p, True)
+                else:
+                    self._rm_one(p)
+            return
+        literal = {p for p in paths if not has_magic(p)}
+        expanded = self.expand_path(paths, recursive=recursive, maxdepth=maxdepth)
+        # Deepest first, so a directory comes after what is in it.
+        for p in reversed(expanded):
+            try:
+                info = self.info(p)
+            except FileNotFoundError:
+                if p in literal:
+                    raise
+                # A directory an object store only had through the files just deleted.
                 continue
-            # Globs and depth limits: expand with our own find, deepest first.
-            for q in sorted(self.expand_path(p, recursive=recursive, maxdepth=maxdepth), reverse=True):
-                self._client.rm(q, bool(recursive))
+            if info["type"] == "directory" and recursive and maxdepth is None:
+                self._client.rm(p, True)
+            else:
+                # A file; or a directory: empty by now, or holding what is below maxdepth.
+                self._rm_one(p)
+
+    def _rm_one(self, path):
+        """Deletes a file or an empty directory (``OSError`` ENOTEMPTY for one that is not)."""
+        try:
+            self._client.rm(path, False)
+        except IsADirectoryError as e:
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", path) from e
 
     def mkdir(self, path, create_parents=True, **kwargs):
+        """Makes a directory: ``FileExistsError`` if the path exists (file or directory), as on
+        fsspec's local filesystem; without ``create_parents`` its parent must exist."""
         path = self._strip_protocol(path)
-        if not create_parents and not self.exists(self._parent(path)):
-            raise FileNotFoundError(self._parent(path))
-        self._client.mkdir(path)
+        if self.exists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        parent = self._parent(path)
+        if not create_parents:
+            try:
+                if self.info(parent)["type"] != "directory":
+                    raise NotADirectoryError(errno.ENOTDIR, "Not a directory", parent)
+            except FileNotFoundError:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", parent) from None
+        self._mkdir(path)
 
     def makedirs(self, path, exist_ok=False):
         path = self._strip_protocol(path)
         if not exist_ok and self.exists(path):
-            raise FileExistsError(path)
-        self._client.mkdir(path)
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        self._mkdir(path)
+
+    def _mkdir(self, path):
+        try:
+            self._client.mkdir(path)
+        except (PermissionError, ConnectionError):
+            raise
+        except OSError as e:
+            # A file where a parent directory must go: what os.makedirs raises.
+            blocking = self._file_among_parents(self._parent(path))
+            if blocking is None:
+                raise
+            raise NotADirectoryError(errno.ENOTDIR, f"Not a directory: {blocking}", path) from e
 
     def rmdir(self, path):
-        self._client.rm(self._strip_protocol(path), False)
+        """Deletes an empty directory (``OSError`` ENOTEMPTY otherwise, ``NotADirectoryError``
+        for a file), as ``os.rmdir``."""
+        path = self._strip_protocol(path)
+        if self.info(path)["type"] != "directory":
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+        self._rm_one(path)
+
+    def _file_among_parents(self, path):
+        """The nearest of ``path`` and its parents that is a file, or None (to tell why a
+        write or a mkdir under it failed)."""
+        p = path
+        while p and p != "/":
+            try:
+                if self.info(p)["type"] == "file":
+                    return p
+            except (FileNotFoundError, ValueError):
+                pass
+            p = self._parent(p)
+        return None
+
+    # ---- copies, moves, touch, times ----
+
+    def cp_file(self, path1, path2, **kwargs):
+        """Copies one file inside the cluster: a worker has the UFS copy it (same mount, a UFS
+        that copies: S3 CopyObject, a local file copy) or streams it through its block cache
+        into the destination; no byte passes through this process. To a write-back mount the
+        copy goes through this process's reads and write path (its files need several workers'
+        journals). A directory is made at ``path2`` (fsspec's ``copy`` of a tree calls this for
+        its directories). ``shutil.SameFileError`` (an ``OSError``) copying a file onto itself,
+        as fsspec's local filesystem."""
+        path1 = self._strip_protocol(path1)
+        path2 = self._strip_protocol(path2)
+        info = self.info(path1)
+        if info["type"] == "directory":
+            self.makedirs(path2, exist_ok=True)
+            return None
+        if path1 == path2:
+            raise shutil.SameFileError(f"{path1!r} and {path2!r} are the same file")
+        try:
+            self._client.copy(path1, path2)
+        except (FileNotFoundError, FileExistsError) as e:
+            self._raise_if_parent_is_file(path2, e)
+            raise
+        if kwargs.get("wait_persisted") or self.wait_persisted:
+            self._written(self.info(path2), **kwargs)
+        return None
+
+    def _raise_if_parent_is_file(self, path, err):
+        """A write or copy to ``path`` failed: when a parent of it is a file, raise what fsspec's
+        local filesystem (``auto_mkdir=True``) raises there."""
+        blocking = self._file_among_parents(self._parent(path))
+        if blocking is None:
+            return
+        if blocking == self._parent(path):
+            raise FileExistsError(errno.EEXIST, "File exists", blocking) from err
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", self._parent(path)) from err
+
+    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+        """Moves a file or a directory, as ``shutil.move`` (fsspec's local filesystem): into
+        ``path2`` when it is an existing directory (or ends with "/"), else to ``path2``; a file
+        at ``path2`` is replaced, but a name already taken inside a directory moved into, or any
+        path in the way of a directory, raises ``FileExistsError``; a directory moves whole,
+        ``recursive`` or not. Renamed in place where the UFS can (a local
+        directory; one call, atomic), else copied by the workers and deleted. Lists, globs or
+        ``maxdepth`` take fsspec's generic path: ``copy`` then ``rm``."""
+        if isinstance(path1, list) or isinstance(path2, list) or has_magic(str(path1)) or maxdepth is not None:
+            return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+        into = str(path2).endswith("/")
+        src = self._strip_protocol(path1)
+        dst = self._strip_protocol(path2)
+        if src == dst:
+            return None
+        info = self.info(src)
+        is_dir = info["type"] == "directory"
+        inside = into or self.isdir(dst)
+        if inside:
+            dst = dst.rstrip("/") + "/" + src.rsplit("/", 1)[-1]
+        if is_dir and dst.startswith(src + "/"):
+            # What shutil.move raises (an OSError): no builtin type says this.
+            raise shutil.Error(f"Cannot move a directory, {src!r}, into itself, {dst!r}.")
+        if (inside or is_dir) and self.exists(dst):
+            # shutil.move raises shutil.Error here; the builtin type says what is wrong.
+            raise FileExistsError(errno.EEXIST, "Destination path already exists", dst)
+        if self._client.rename(src, dst):
+            return None
+        if is_dir:
+            self.copy(src, dst, recursive=True, on_error="raise")
+            self.rm(src, recursive=True)
+        else:
+            self.cp_file(src, dst)
+            self._client.rm(src, False)
+        return None
+
+    def rename(self, path1, path2, **kwargs):
+        return self.mv(path1, path2, **kwargs)
+
+    def touch(self, path, truncate=True, **kwargs):
+        """``truncate=True`` (or a missing file): writes an empty file. ``truncate=False`` on an
+        existing file updates its modification time and keeps its bytes where the mount can
+        append (a local directory: an empty append, published by a rename); elsewhere (object
+        stores cannot change an object's time without rewriting it) ``io.UnsupportedOperation``."""
+        path = self._strip_protocol(path)
+        if truncate or not self.exists(path):
+            with self.open(path, "wb", **kwargs):
+                pass
+            return None
+        try:
+            with self.open(path, "ab"):
+                pass
+        except io.UnsupportedOperation as e:
+            raise io.UnsupportedOperation(
+                f"touch({path!r}, truncate=False) cannot update the modification time here: {e}") from e
+        return None
+
+    def modified(self, path):
+        """The last modification time as a timezone-aware UTC ``datetime`` (as fsspec's local
+        filesystem returns it). ``IsADirectoryError`` for a directory that has none (an object
+        store's)."""
+        info = self.info(path)
+        if not info.get("mtime"):
+            if info["type"] == "directory":
+                raise IsADirectoryError(errno.EISDIR, "This directory has no modification time", info["name"])
+            raise OSError(errno.ENODATA, "The UFS gave no modification time", info["name"])
+        return datetime.datetime.fromtimestamp(info["mtime"], tz=datetime.timezone.utc)
+
+    def created(self, path):
+        """When the file was created, as ``modified`` returns times. The UFS keeps no separate
+        creation time: an object store's object is created whole by its last write, so its
+        creation time is its last modification; a local directory's file is reported the same
+        way (its last modification), which is later than its creation if it was changed in
+        place since."""
+        return self.modified(path)
 
     def invalidate_cache(self, path=None):
         # Nothing cached at this layer (see `use_listings_cache` above).
@@ -481,20 +698,32 @@ class StrataWriteFile(io.RawIOBase):
     write-back mount, to the journals of ``write_replicas`` workers), and the file is replaced
     when ``close`` succeeds. Leaving a ``with`` block by an exception aborts (the old file stays).
 
+    Mode ``"ab"`` (write-through mounts whose UFS can append: a local directory) appends: the
+    file's bytes followed by the ones written replace it at ``close``, so an aborted append
+    leaves it as it was. Elsewhere opening it raises ``io.UnsupportedOperation`` (an
+    ``OSError`` and a ``ValueError``) saying why.
+
     ``wait_persisted`` and ``persist_timeout`` (default: the filesystem's) make ``close`` also
     wait until the file is in the UFS, as ``fs.sync(path, wait=True, timeout=persist_timeout)``;
     if that fails, ``close`` raises its ``OSError``/``TimeoutError``, and the file stays written
     (the workers hold it and go on uploading)."""
 
     def __init__(self, fs: StrataFileSystem, path: str, wait_persisted: bool | None = None,
-                 persist_timeout: Any = _FS_DEFAULT):
+                 persist_timeout: Any = _FS_DEFAULT, append: bool = False):
         super().__init__()
         self.fs = fs
         self.path = path
-        self.mode = "wb"
+        self.mode = "ab" if append else "wb"
         self.wait_persisted = fs.wait_persisted if wait_persisted is None else bool(wait_persisted)
         self.persist_timeout = fs.persist_timeout if persist_timeout is _FS_DEFAULT else persist_timeout
-        self._w = fs._client.open_write(path)
+        # An append starts at the end of the file ("ab": tell() is its size at open).
+        self._start = 0
+        if append:
+            try:
+                self._start = fs.info(path)["size"]
+            except FileNotFoundError:
+                pass
+        self._w = fs._client.open_write(path, append)
         self.info_after_close = None
 
     @property
@@ -505,7 +734,7 @@ class StrataWriteFile(io.RawIOBase):
         return True
 
     def tell(self):
-        return self._w.written
+        return self._start + self._w.written
 
     def write(self, b):
         if self.closed:

@@ -232,7 +232,7 @@ def test_errors_map_to_python_exceptions(fs, cluster):
     with pytest.raises(ValueError):
         fs.cat_file("/data/../etc/passwd")
     with pytest.raises(ValueError):
-        fs.open("/data/x", "ab")
+        fs.open("/data/x", "r+b")
     # A read-only mount refuses every write, with a message that says how to allow it.
     assert fs.cat_file("/ro/present.bin") == b"read-only bytes"
     with pytest.raises(PermissionError, match="write-through"):

@@ -40,6 +40,7 @@ const RPCS: &[(&str, Access)] = &[
     ("Delete", Access::Write),
     ("Mkdir", Access::Write),
     ("Invalidate", Access::Write),
+    ("Rename", Access::Write),
     ("RegisterWorker", Access::Worker),
     ("Heartbeat", Access::Worker),
     ("WorkerMounts", Access::Worker),
@@ -91,6 +92,7 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
         "Delete" => c.delete(DeleteRequest { path: "/data/b".into(), recursive: true }).await.map(drop),
         "Mkdir" => c.mkdir(MkdirRequest { path: "/data/b/new".into() }).await.map(drop),
         "Invalidate" => c.invalidate(InvalidateRequest { path: p }).await.map(drop),
+        "Rename" => c.rename(RenameRequest { src: p, dst: "/data/b/renamed.bin".into() }).await.map(drop),
         "RegisterWorker" => c
             .register_worker(RegisterWorkerRequest {
                 worker_id: "impostor".into(),
@@ -337,6 +339,18 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
             Access::Write,
         ),
         ("Stat", frame::StatRequest { req_id: 5, path: "/data/b/f.bin".into() }.encode(), Access::Read),
+        (
+            "Copy",
+            frame::CopyRequest {
+                req_id: 5,
+                src: "/data/b/f.bin".into(),
+                dst: "/data/b/copy.bin".into(),
+                version: String::new(),
+                size: 0,
+            }
+            .encode(),
+            Access::Write,
+        ),
         ("View", frame::view_request(5), Access::Any),
         ("RemoteRead", RemoteRead { req_id: 5, addr: 0, rkey: 1, len: 1 }.encode(), Access::Any),
         ("RdmaConnect", RdmaEndpoint { qp_num: 1, lid: 0, gid: None }.encode_request(), Access::Any),
@@ -386,6 +400,7 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
     }
     let on_disk = std::fs::read(cluster.ufs.dir().join("b/f.bin")).unwrap();
     assert_eq!(on_disk, b"team b", "no refused write touched the file");
+    assert!(!cluster.ufs.dir().join("b/copy.bin").exists(), "no refused copy made a file");
     // In its scope, the reader reads.
     let a = admin_client.stat("/data/a/f.bin").await.unwrap();
     let read_a =

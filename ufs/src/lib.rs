@@ -27,7 +27,7 @@ pub use opendal_ufs::{
     DEFAULT_UFS_IO_TIMEOUT, DEFAULT_UFS_RETRIES, DEFAULT_UFS_TIMEOUT, OpendalFactory, OpendalUfs,
 };
 pub use spec::{SUPPORTED_SCHEMES, UfsSpec, is_secret_option, redact_options};
-pub use write::{UfsWrite, UfsWriter};
+pub use write::{UfsWrite, UfsWriter, WriteCapabilities};
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -44,6 +44,14 @@ pub enum UfsError {
     InvalidConfig(String),
     #[error("object {0} changed while it was read")]
     VersionChanged(String),
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// A path runs through a file as if it were a directory (`a.bin/x`): there is no such path.
+    #[error("not a directory: {0}")]
+    NotADirectory(String),
+    /// The service cannot do what was asked (copy, rename or append on a UFS without them).
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("UFS request failed (temporary): {0}")]
     Temporary(String),
     #[error("UFS request failed: {0}")]
@@ -60,7 +68,13 @@ impl UfsError {
         match self {
             UfsError::NotFound(_) => ErrorKind::NotFound,
             UfsError::IsDirectory(_) => ErrorKind::IsDirectory,
-            UfsError::UnsupportedScheme(_) | UfsError::InvalidConfig(_) => ErrorKind::InvalidArgument,
+            UfsError::UnsupportedScheme(_) | UfsError::InvalidConfig(_) | UfsError::Unsupported(_) => {
+                ErrorKind::InvalidArgument
+            }
+            UfsError::AlreadyExists(_) => ErrorKind::AlreadyExists,
+            // No such path: what an object store answers for the same path, and what a caller
+            // asking whether it exists needs to hear (the wire has no kind of its own for it).
+            UfsError::NotADirectory(_) => ErrorKind::NotFound,
             UfsError::VersionChanged(_) => ErrorKind::VersionChanged,
             UfsError::PermissionDenied(_) => ErrorKind::PermissionDenied,
             UfsError::Temporary(_) | UfsError::Other(_) => ErrorKind::Ufs,
@@ -182,15 +196,16 @@ struct Level {
 
 impl Level {
     /// The level from its first entry not wholly before `start_after`: one after it in
-    /// [`path_order`], or a directory that holds it. Siblings' paths sort as their names do, so
-    /// that entry is found by bisection, not by a scan.
+    /// [`path_order`], or a directory that is it or holds it (a walk that yields directories
+    /// may stop right after one, before what it holds). Siblings' paths sort as their names do,
+    /// so that entry is found by bisection, not by a scan.
     fn new(base: &str, entries: Arc<Vec<UfsEntry>>, start_after: Option<&str>) -> Self {
         let next = match start_after {
             None => 0,
             Some(after) => entries.partition_point(|e| {
                 let path = join(base, &e.name);
-                let holds_after =
-                    e.meta.is_dir && after.strip_prefix(path.as_str()).is_some_and(|r| r.starts_with('/'));
+                let holds_after = e.meta.is_dir
+                    && after.strip_prefix(path.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('/'));
                 path_order(&path, after) != std::cmp::Ordering::Greater && !holds_after
             }),
         };
@@ -209,6 +224,26 @@ pub fn walk<'a, T: DirTree + 'a>(
     tree: T,
     dir: &'a str,
     start_after: Option<&'a str>,
+) -> BoxStream<'a, Result<UfsFile>> {
+    walk_with(tree, dir, start_after, false)
+}
+
+/// [`walk`], yielding every directory below `dir` too (its `meta.is_dir` set) just before what
+/// it holds — empty ones included, which no list of files can imply. A directory may be the
+/// `start_after` of a later walk, which then goes on inside it.
+pub fn walk_with_dirs<'a, T: DirTree + 'a>(
+    tree: T,
+    dir: &'a str,
+    start_after: Option<&'a str>,
+) -> BoxStream<'a, Result<UfsFile>> {
+    walk_with(tree, dir, start_after, true)
+}
+
+fn walk_with<'a, T: DirTree + 'a>(
+    tree: T,
+    dir: &'a str,
+    start_after: Option<&'a str>,
+    dirs: bool,
 ) -> BoxStream<'a, Result<UfsFile>> {
     enum Step {
         Start,
@@ -243,13 +278,18 @@ pub fn walk<'a, T: DirTree + 'a>(
             };
             top.next += 1;
             let path = join(&top.base, &entry.name);
-            if !entry.meta.is_dir {
-                let meta = entry.meta.clone();
+            let meta = entry.meta.clone();
+            if !meta.is_dir {
                 return Some((Ok(UfsFile { path, meta }), (tree, Step::Walking(stack))));
             }
             match tree.list_sorted(&path).await {
                 Ok(entries) => stack.push(Level::new(&path, entries, start_after)),
                 Err(e) => return Some((Err(e), (tree, Step::Done))),
+            }
+            // Yielded before by the walk that stopped at or inside it.
+            let seen = start_after.is_some_and(|a| path_order(&path, a) != std::cmp::Ordering::Greater);
+            if dirs && !seen {
+                return Some((Ok(UfsFile { path, meta }), (tree, Step::Walking(stack))));
             }
         }
     })
@@ -336,6 +376,46 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let first = rt.block_on(async { tree.list_recursive("nope", None).next().await });
         assert!(matches!(first, Some(Err(UfsError::NotFound(_)))));
+    }
+
+    fn walk_dirs_after(tree: &Tree, dir: &str, after: Option<&str>) -> Vec<String> {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(
+            walk_with_dirs(Plain(tree), dir, after)
+                .map(|r| {
+                    let f = r.unwrap();
+                    if f.meta.is_dir { format!("{}/", f.path) } else { f.path }
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_walk_with_directories_yields_each_before_its_contents_and_resumes_inside_one() {
+        let paths = ["a.bin", "a/x", "a/b/y", "a-b", "c/d/e/f", "b"];
+        let full = walk_dirs_after(&tree(&paths), "", None);
+        assert_eq!(
+            full,
+            ["a/", "a/b/", "a/b/y", "a/x", "a-b", "a.bin", "b", "c/", "c/d/", "c/d/e/", "c/d/e/f"]
+        );
+        for (i, after) in full.iter().enumerate() {
+            let after = after.trim_end_matches('/');
+            assert_eq!(
+                walk_dirs_after(&tree(&paths), "", Some(after)),
+                full[i + 1..],
+                "resumed after {after}"
+            );
+        }
+        assert_eq!(
+            walk_dirs_after(&tree(&paths), "a", None),
+            ["a/b/", "a/b/y", "a/x"],
+            "the root is not its own entry"
+        );
+        assert_eq!(
+            walk_all(&tree(&paths), ""),
+            ["a/b/y", "a/x", "a-b", "a.bin", "b", "c/d/e/f"],
+            "files only"
+        );
     }
 
     #[test]

@@ -153,10 +153,30 @@ pub(crate) fn map_err(path: &str, err: opendal::Error) -> UfsError {
         OdErrorKind::IsADirectory => UfsError::IsDirectory(path.to_string()),
         OdErrorKind::PermissionDenied => UfsError::PermissionDenied(format!("{path}: {err}")),
         OdErrorKind::ConditionNotMatch => UfsError::VersionChanged(path.to_string()),
-        OdErrorKind::ConfigInvalid | OdErrorKind::Unsupported => UfsError::InvalidConfig(err.to_string()),
+        // A local directory says so when a parent of the path is a file (`mkdir -p` over it).
+        OdErrorKind::AlreadyExists => UfsError::AlreadyExists(format!("{path}: {err}")),
+        OdErrorKind::Unsupported => UfsError::Unsupported(format!("{path}: {err}")),
+        OdErrorKind::ConfigInvalid => UfsError::InvalidConfig(err.to_string()),
+        // opendal's fs service reports ENOTDIR as an unexpected (temporary) error; it is a
+        // path that cannot exist, never worth another attempt.
+        _ if io_kind(&err) == Some(std::io::ErrorKind::NotADirectory) => {
+            UfsError::NotADirectory(format!("{path}: a parent of it is a file"))
+        }
         _ if err.is_temporary() => UfsError::Temporary(format!("{path}: {err}")),
         _ => UfsError::Other(format!("{path}: {err}")),
     }
+}
+
+/// The kind of the OS error behind an opendal error, if one is.
+fn io_kind(err: &opendal::Error) -> Option<std::io::ErrorKind> {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        source = e.source();
+    }
+    None
 }
 
 fn to_meta(meta: &Metadata) -> ObjectMeta {
@@ -361,6 +381,92 @@ mod tests {
         w.close().await.unwrap();
         let names: Vec<_> = ufs.list("d").await.unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names, ["f.bin"]);
+    }
+}
+
+#[cfg(test)]
+mod write_capability_tests {
+    use super::*;
+    use crate::{UfsWrite, WriteCapabilities};
+
+    fn local() -> (tempfile::TempDir, OpendalUfs) {
+        let dir = tempfile::tempdir().unwrap();
+        let ufs = OpendalUfs::open(&format!("file://{}", dir.path().display()), &BTreeMap::new()).unwrap();
+        (dir, ufs)
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut n: Vec<_> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        n.sort();
+        n
+    }
+
+    #[tokio::test]
+    async fn a_local_directory_copies_renames_and_appends() {
+        let (dir, ufs) = local();
+        let caps = ufs.capabilities();
+        assert_eq!(caps, WriteCapabilities { copy: true, rename: true, append: true });
+        std::fs::write(dir.path().join("a.bin"), b"hello").unwrap();
+
+        // A copy makes the target's parents and leaves no staging file behind.
+        ufs.copy("a.bin", "deep/er/b.bin").await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("deep/er/b.bin")).unwrap(), b"hello");
+        assert_eq!(names(&dir.path().join("deep/er")), ["b.bin"]);
+        // Over an existing file: replaced.
+        std::fs::write(dir.path().join("c.bin"), b"old and longer").unwrap();
+        ufs.copy("a.bin", "c.bin").await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("c.bin")).unwrap(), b"hello");
+        assert!(matches!(ufs.copy("missing", "x").await, Err(UfsError::NotFound(_))));
+
+        // Files and whole directories rename in place.
+        ufs.rename("c.bin", "moved/c.bin").await.unwrap();
+        assert!(!dir.path().join("c.bin").exists());
+        ufs.rename("deep", "deeper").await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("deeper/er/b.bin")).unwrap(), b"hello");
+        assert!(!dir.path().join("deep").exists());
+
+        // An append publishes the old bytes and the new ones at close, not before.
+        let mut w = ufs.appender("a.bin").await.unwrap();
+        w.write(Bytes::from_static(b", world")).await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("a.bin")).unwrap(), b"hello");
+        w.close().await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("a.bin")).unwrap(), b"hello, world");
+        // Aborted: the file stays as it was, and no staging file is left.
+        let mut w = ufs.appender("a.bin").await.unwrap();
+        w.write(Bytes::from_static(b"!!!")).await.unwrap();
+        w.abort().await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("a.bin")).unwrap(), b"hello, world");
+        // A missing file is created by its first append.
+        let mut w = ufs.appender("new/log.txt").await.unwrap();
+        w.write(Bytes::from_static(b"line\n")).await.unwrap();
+        w.close().await.unwrap();
+        assert_eq!(std::fs::read(dir.path().join("new/log.txt")).unwrap(), b"line\n");
+        assert!(matches!(ufs.appender("deeper").await, Err(UfsError::IsDirectory(_))));
+        assert_eq!(names(dir.path()), ["a.bin", "deeper", "moved", "new"]);
+    }
+
+    /// A path through a file cannot exist: a stat says so (a local directory's ENOTDIR is not
+    /// taken for a temporary failure), and a write under it says the file is in the way.
+    #[tokio::test]
+    async fn a_path_through_a_file_is_not_found_and_cannot_be_written() {
+        let (dir, ufs) = local();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        let e = crate::Ufs::stat(&ufs, "f/sub").await.unwrap_err();
+        assert!(matches!(e, UfsError::NotADirectory(_)), "{e}");
+        assert_eq!(e.kind(), strata_common::ErrorKind::NotFound);
+        // As `mkdir -p` says: the file is in the way of its directory (EEXIST), or of one below
+        // it (ENOTDIR).
+        for (path, blocked) in [("f/x", "already exists"), ("f/sub/x", "not a directory")] {
+            // The service opens the file at the first write, or at close.
+            let written = async {
+                let mut w = ufs.writer(path).await?;
+                w.write(Bytes::from_static(b"y")).await?;
+                w.close().await
+            };
+            let e = written.await.expect_err("refused");
+            assert!(e.to_string().starts_with(blocked), "{path}: {e}");
+        }
     }
 }
 

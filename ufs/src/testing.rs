@@ -22,6 +22,11 @@ pub struct UfsCounters {
     pub lists: AtomicU64,
     pub reads: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Copies made by the service ([`UfsWrite::copy`](crate::UfsWrite::copy)), renames in
+    /// place, and appenders opened.
+    pub copies: AtomicU64,
+    pub renames: AtomicU64,
+    pub appends: AtomicU64,
 }
 
 impl UfsCounters {
@@ -33,6 +38,12 @@ impl UfsCounters {
     }
     pub fn stats(&self) -> u64 {
         self.stats.load(Ordering::SeqCst)
+    }
+    pub fn copies(&self) -> u64 {
+        self.copies.load(Ordering::SeqCst)
+    }
+    pub fn renames(&self) -> u64 {
+        self.renames.load(Ordering::SeqCst)
     }
 }
 
@@ -47,6 +58,8 @@ pub struct UfsFaults {
     pub fail_next_writes: AtomicU64,
     /// Writers opened (counted whether or not they then fail).
     pub writers_opened: AtomicU64,
+    /// The next N copies by the service are refused (as S3 refuses a CopyObject over 5 GiB).
+    pub refuse_next_copies: AtomicU64,
 }
 
 pub struct CountingUfs {
@@ -127,6 +140,33 @@ impl crate::UfsWrite for CountingUfs {
 
     async fn create_dir(&self, path: &str) -> Result<()> {
         self.inner.as_write().expect("as_write checked it").create_dir(path).await
+    }
+
+    fn capabilities(&self) -> crate::WriteCapabilities {
+        self.inner.as_write().expect("as_write checked it").capabilities()
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        self.counters.copies.fetch_add(1, Ordering::SeqCst);
+        let refused = self
+            .faults
+            .refuse_next_copies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refused {
+            return Err(UfsError::Other(format!("{from}: injected refusal of a copy (InvalidRequest)")));
+        }
+        self.inner.as_write().expect("as_write checked it").copy(from, to).await
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.counters.renames.fetch_add(1, Ordering::SeqCst);
+        self.inner.as_write().expect("as_write checked it").rename(from, to).await
+    }
+
+    async fn appender(&self, path: &str) -> Result<Box<dyn crate::UfsWriter>> {
+        self.counters.appends.fetch_add(1, Ordering::SeqCst);
+        self.inner.as_write().expect("as_write checked it").appender(path).await
     }
 }
 

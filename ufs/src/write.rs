@@ -1,4 +1,9 @@
-//! Writes through Strata: replace a whole object, delete, make a directory.
+//! Writes through Strata: replace a whole object, delete, make a directory — and, where the
+//! service can, copy or rename inside it and append to a file.
+//!
+//! Every change is all or nothing for a reader: a writer (and an appender, and a copy on a
+//! local directory) fills a hidden staging file next to the target and renames it over the
+//! target at `close`, as an object store publishes an object only when its upload completes.
 //!
 //! Kept apart from [`Ufs`](crate::Ufs) (which every UFS and test wrapper implements) as an
 //! optional capability: [`Ufs::as_write`](crate::Ufs::as_write) answers `None` for a UFS that
@@ -18,8 +23,47 @@ const WRITE_CHUNK: usize = 8 << 20;
 /// bandwidth, bounds one part at a time (4 × 8 MiB buffered per writer).
 const WRITE_PARTS_IN_FLIGHT: usize = 4;
 
+/// What a writable UFS can do besides replacing whole objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteCapabilities {
+    /// [`UfsWrite::copy`]: a copy made by the service, no bytes through the caller (S3
+    /// CopyObject, a local `copy_file_range`).
+    pub copy: bool,
+    /// [`UfsWrite::rename`]: a file or a directory renamed in place (local directories, HDFS).
+    pub rename: bool,
+    /// [`UfsWrite::appender`]: appending to a file. Only where the append can be staged and
+    /// published whole (copy, append, rename: a local directory); object stores cannot append
+    /// to an object (S3's appends are for S3 Express directory buckets only).
+    pub append: bool,
+}
+
 #[async_trait]
 pub trait UfsWrite: Send + Sync {
+    /// What this UFS can do beyond [`writer`](Self::writer), `delete` and `create_dir`.
+    fn capabilities(&self) -> WriteCapabilities {
+        WriteCapabilities::default()
+    }
+
+    /// Replaces the file `to` with a copy of the file `from` (both relative to the UFS root),
+    /// made by the service: `Unsupported` where [`WriteCapabilities::copy`] is false, and
+    /// possibly where the service refuses this copy (S3 copies at most 5 GiB at once).
+    async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        Err(UfsError::Unsupported(format!("this UFS cannot copy {from} to {to} by itself")))
+    }
+
+    /// Renames the file or directory `from` to `to`, replacing a file at `to` (a directory
+    /// at `to` must not exist): `Unsupported` where [`WriteCapabilities::rename`] is false.
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        Err(UfsError::Unsupported(format!("this UFS cannot rename {from} to {to} in place")))
+    }
+
+    /// A writer that appends to the file at `path` (made empty if absent): what was there
+    /// followed by what is written becomes the file when it is closed, and nothing changes
+    /// before. `Unsupported` where [`WriteCapabilities::append`] is false.
+    async fn appender(&self, path: &str) -> Result<Box<dyn UfsWriter>> {
+        Err(UfsError::Unsupported(format!("this UFS cannot append to {path}")))
+    }
+
     /// A writer that replaces the object at `path` (relative to the UFS root) when it is
     /// closed; until then readers keep seeing the old object (or none).
     async fn writer(&self, path: &str) -> Result<Box<dyn UfsWriter>>;
@@ -78,6 +122,11 @@ impl UfsWriter for OpendalWriter {
             return closed;
         };
         let renamed = match closed {
+            // A rename over a directory fails as an unexpected (and retried) error: say what
+            // it is instead.
+            Ok(()) if self.op.stat(&self.path).await.is_ok_and(|m| m.is_dir()) => {
+                Err(UfsError::IsDirectory(format!("{} is a directory", self.path)))
+            }
             Ok(()) => self.op.rename(&staging, &self.path).await.map_err(|e| map_err(&self.path, e)),
             Err(e) => Err(e),
         };
@@ -89,10 +138,15 @@ impl UfsWriter for OpendalWriter {
 
     async fn abort(&mut self) -> Result<()> {
         let aborted = self.inner.abort().await.map_err(|e| map_err(&self.path, e));
-        if let Some(staging) = self.staging.take() {
-            let _ = self.op.delete(&staging).await;
+        match self.staging.take() {
+            // The staging file is all there is to drop (a local directory's writer cannot
+            // abort by itself, having no temporary file of its own).
+            Some(staging) => match self.op.delete(&staging).await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(map_err(&self.path, e)),
+            },
+            None => aborted,
         }
-        aborted
     }
 }
 
@@ -102,6 +156,78 @@ fn dir_path(path: &str) -> String {
 
 #[async_trait]
 impl UfsWrite for OpendalUfs {
+    fn capabilities(&self) -> WriteCapabilities {
+        let cap = self.op.info().capability();
+        WriteCapabilities {
+            copy: cap.copy,
+            rename: cap.rename,
+            append: cap.write_can_append && cap.copy && cap.rename,
+        }
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        let caps = self.capabilities();
+        if !caps.copy {
+            return Err(UfsError::Unsupported(format!("this UFS cannot copy {from} to {to} by itself")));
+        }
+        if !caps.rename {
+            // An object store's copy publishes the object whole.
+            return self.op.copy(from, to).await.map(|_| ()).map_err(|e| map_err(from, e));
+        }
+        // A file system copies into the target as it goes: stage, then rename over it.
+        let staging = staging_name(to);
+        let copied = match self.op.copy(from, &staging).await {
+            Ok(_) => self.op.rename(&staging, to).await.map_err(|e| map_err(to, e)),
+            Err(e) => Err(map_err(from, e)),
+        };
+        if copied.is_err() {
+            let _ = self.op.delete(&staging).await;
+        }
+        copied
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        if !self.capabilities().rename {
+            return Err(UfsError::Unsupported(format!("this UFS cannot rename {from} to {to} in place")));
+        }
+        let (from, to) = (from.trim_end_matches('/'), to.trim_end_matches('/'));
+        self.op.rename(from, to).await.map_err(|e| map_err(from, e))
+    }
+
+    async fn appender(&self, path: &str) -> Result<Box<dyn UfsWriter>> {
+        if !self.capabilities().append {
+            return Err(UfsError::Unsupported(format!("this UFS cannot append to {path}")));
+        }
+        if path.is_empty() || path.ends_with('/') {
+            return Err(UfsError::IsDirectory(path.to_string()));
+        }
+        let existing = match crate::Ufs::stat(self, path).await {
+            Ok(meta) if meta.is_dir => return Err(UfsError::IsDirectory(path.to_string())),
+            Ok(_) => true,
+            Err(UfsError::NotFound(_)) => false,
+            Err(e) => return Err(e),
+        };
+        let staging = staging_name(path);
+        let opened = async {
+            if existing {
+                self.op.copy(path, &staging).await.map_err(|e| map_err(path, e))?;
+            }
+            self.op.writer_with(&staging).append(true).chunk(WRITE_CHUNK).await.map_err(|e| map_err(path, e))
+        };
+        match opened.await {
+            Ok(inner) => Ok(Box::new(OpendalWriter {
+                path: path.to_string(),
+                inner,
+                op: self.op.clone(),
+                staging: Some(staging),
+            })),
+            Err(e) => {
+                let _ = self.op.delete(&staging).await;
+                Err(e)
+            }
+        }
+    }
+
     async fn writer(&self, path: &str) -> Result<Box<dyn UfsWriter>> {
         if path.is_empty() || path.ends_with('/') {
             return Err(UfsError::IsDirectory(path.to_string()));

@@ -78,7 +78,7 @@ where
 {
     let mut body = vec![0u8; body_len];
     stream.read_exact(&mut body).await?;
-    let begin = match WriteBegin::decode_body(&body) {
+    let (begin, flags) = match WriteBegin::decode(&body) {
         Ok(b) => b,
         Err(e) => {
             respond(stream, 0, Err((ErrorKind::BadFrame, e.to_string()))).await?;
@@ -97,6 +97,12 @@ where
             return respond(stream, begin.req_id, Err((e.kind(), e.to_string()))).await;
         }
     };
+    if flags.append
+        && let Err(refused) = appendable(&resolved)
+    {
+        debug!(path = %begin.path, err = %refused.1, "append refused");
+        return respond(stream, begin.req_id, Err(refused)).await;
+    }
     match (resolved.mount.mode, &begin.write_back, writeback) {
         (MountMode::WriteBack, Some(copy), Some(wb)) => {
             return write_back(stream, wb, &resolved, &begin, copy, ended).await;
@@ -121,11 +127,16 @@ where
         }
         (_, None, _) => {}
     }
-    let mut writer = match BlockService::writer_of(&resolved).await {
+    let opened = if flags.append {
+        appender_of(&resolved).await
+    } else {
+        BlockService::writer_of(&resolved).await.map_err(|e| (e.kind(), e.to_string()))
+    };
+    let mut writer = match opened {
         Ok(w) => w,
-        Err(e) => {
-            debug!(path = %begin.path, err = %e, "write refused");
-            return respond(stream, begin.req_id, Err((e.kind(), e.to_string()))).await;
+        Err(refused) => {
+            debug!(path = %begin.path, err = %refused.1, "write refused");
+            return respond(stream, begin.req_id, Err(refused)).await;
         }
     };
     // From here on a write that does not commit is an abort.
@@ -196,6 +207,41 @@ where
             respond(stream, begin.req_id, Err((e.kind(), format!("{}: {e}", begin.path)))).await
         }
     }
+}
+
+/// Whether a file of this mount may be appended to: a write-through mount whose UFS can append
+/// (stage, append, rename: a local directory). Object stores cannot append to an object, and a
+/// write-back mount's journal holds whole files only.
+fn appendable(resolved: &Resolved) -> Result<(), (ErrorKind, String)> {
+    let mount = &resolved.mount;
+    if mount.mode != MountMode::WriteThrough {
+        let msg = format!(
+            "cannot append to {}: the mount {} is {}, and appends need mode=write-through",
+            resolved.path, mount.path, mount.mode
+        );
+        return Err((ErrorKind::InvalidArgument, msg));
+    }
+    match mount.ufs.as_write().map(|w| w.capabilities().append) {
+        Some(true) => Ok(()),
+        _ => {
+            let scheme = mount.uri.split("://").next().unwrap_or_default();
+            let msg = format!(
+                "cannot append to {}: the UFS of {} ({scheme}) cannot append to a file (object stores \
+                 cannot; write the whole file instead)",
+                resolved.path, mount.path
+            );
+            Err((ErrorKind::InvalidArgument, msg))
+        }
+    }
+}
+
+/// A UFS writer that appends to the file (checked [`appendable`]).
+async fn appender_of(resolved: &Resolved) -> Result<Box<dyn UfsWriter>, (ErrorKind, String)> {
+    let ufs =
+        resolved.mount.ufs.as_write().ok_or_else(|| {
+            (ErrorKind::PermissionDenied, format!("{} is on a read-only mount", resolved.path))
+        })?;
+    ufs.appender(&resolved.rel).await.map_err(|e| (e.kind(), format!("{}: {e}", resolved.path)))
 }
 
 async fn respond<S: AsyncWrite + Unpin>(
