@@ -364,13 +364,13 @@ impl BlockService {
     /// One block of a batch load: named, and fetched into DRAM unless a tier holds it (then
     /// `None`); whether it was cached before.
     async fn fetch_for_load(&self, r: &BlockRead, gate: &dyn LoadGate) -> Result<Fetched, ServeError> {
+        let at = self.locate(r).await?;
         // The slot first: the gate's answer is for a file about to start, not one that will
         // wait behind others for a place.
-        let _slot = self.qos.load_slot().await;
+        let _slot = self.qos.load_slot(at.params.packed).await;
         if !gate.go_on().await {
             return Err(ServeError::Cancelled(format!("{}: its load job was cancelled", r.path)));
         }
-        let at = self.locate(r).await?;
         if block::write_back_id(&r.version).is_some() {
             return Err(ServeError::InvalidArgument(format!(
                 "{} is a write-back file not uploaded yet: its holders' journals serve it",

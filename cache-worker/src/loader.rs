@@ -39,9 +39,8 @@ use crate::qos::DEFAULT_LOAD_PARALLELISM;
 
 /// Longest a load waits for client reads to go quiet before it starts anyway.
 const MAX_YIELD: Duration = Duration::from_millis(200);
-/// Files of a batch task fetched at once (at most; fewer while the window is smaller): the
-/// places of the window the batch takes.
-pub const BATCH_PARALLELISM: u32 = 8;
+/// Files of a batch task fetched at once (at most: each fetch holds a load slot).
+pub const BATCH_PARALLELISM: u32 = 16;
 /// A batch starts a file only if the master said its job was running at most this long ago, and
 /// at most a window's worth of files (the load window when it said so) on one answer; otherwise
 /// it asks again first (an empty report). So a cancelled job's batch starts at most a window of
@@ -49,11 +48,11 @@ pub const BATCH_PARALLELISM: u32 = 8;
 /// while a full window costs one question per window of files.
 const STILL_RUNNING_FOR: Duration = Duration::from_millis(100);
 
-/// Places of the load window a task takes in the loader's count of tasks: 1 for a block, half
-/// its parallelism for a batch (its fetches hold load slots, so this only decides how many
-/// batches overlap: four while the window is full).
+/// Places of the load window a task takes in the loader's count of tasks: 1 for a block, an
+/// eighth of the window for a batch (its fetches hold load slots, so this only decides how many
+/// batches overlap: eight, enough to keep every small-file slot busy, while the window is full).
 fn places(task: &LoadTask, window: u32) -> u32 {
-    if task.files.is_empty() { 1 } else { (BATCH_PARALLELISM / 2).min(window / 4).max(1) }
+    if task.files.is_empty() { 1 } else { (window / 8).max(1) }
 }
 
 /// Lets a batch's files start while the master runs their job.
@@ -348,7 +347,7 @@ async fn load_batch(
 async fn load_one(blocks: Arc<BlockService>, pacer: Arc<Mutex<Pacer>>, task: LoadTask) -> LoadTaskResult {
     let len = strata_common::block::block_len(task.file_size, task.block_size, task.index);
     before_load(&blocks, &pacer, len, task.bandwidth).await;
-    let _slot = blocks.qos().load_slot().await;
+    let _slot = blocks.qos().load_slot(false).await;
     let read = BlockRead::whole_block(&task.path, &task.version, task.file_size, task.block_size, task.index);
     let mut result =
         LoadTaskResult { task_id: task.task_id, job_id: task.job_id.clone(), ..Default::default() };

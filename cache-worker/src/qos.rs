@@ -3,10 +3,12 @@
 //! Client reads mark themselves with [`Qos::foreground`]; the load lane (`loader`) and the
 //! NVMe write-back writer (`cache`) ask [`Qos::busy`] / [`Qos::quiet_for`] before they start
 //! work, and the load window shrinks while reads are active (AIMD): a training job's reads meet
-//! at most one competing UFS fetch per worker. Every fetch of the load lane holds a
-//! [`LoadSlot`], of which there are as many as the window, so several batches of small files
-//! keep the window full between them without ever exceeding it. Time comes from the injected
-//! clock.
+//! at most one competing UFS fetch per worker (or [`SMALL_PER_LOAD`] small files' fetches).
+//! Every fetch of the load lane holds a [`LoadSlot`] — a whole place of the window for a block,
+//! a [`SMALL_PER_LOAD`]th of one for a small file, whose fetch moves far fewer bytes and whose
+//! speed on an object store is set by how many are in flight, not by bandwidth — so several
+//! batches of small files keep the window full between them without ever exceeding it. Time
+//! comes from the injected clock.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -20,6 +22,10 @@ use crate::metrics_defs as m;
 pub const DEFAULT_LOAD_PARALLELISM: u32 = 16;
 /// A client read within this window counts as foreground activity.
 pub const FOREGROUND_RECENT: Duration = Duration::from_millis(20);
+/// Small files' fetches that take one place of the load window together: an object store
+/// answers a small GET in tens of milliseconds whatever its size, so only many in flight
+/// make a small-file warmup go at the store's speed (16 places: 64 small files in flight).
+pub const SMALL_PER_LOAD: u32 = 4;
 
 /// Foreground (client read) activity and the load window that yields to it.
 pub struct Qos {
@@ -29,18 +35,19 @@ pub struct Qos {
     /// Nanoseconds since `started` of the last client read's start or end.
     last_ns: AtomicU64,
     window: Mutex<Aimd>,
-    /// Load fetches in flight (each holds a [`LoadSlot`]).
+    /// Load fetches in flight, in [`SMALL_PER_LOAD`]ths of a place (each holds a [`LoadSlot`]).
     loading: AtomicU32,
     slot_freed: tokio::sync::Notify,
 }
 
-/// One fetch of the load lane in flight, for as long as it lives.
-pub struct LoadSlot<'a>(&'a Qos);
+/// One fetch of the load lane in flight, for as long as it lives, with its share of the
+/// window in [`SMALL_PER_LOAD`]ths of a place.
+pub struct LoadSlot<'a>(&'a Qos, u32);
 
 impl Drop for LoadSlot<'_> {
     fn drop(&mut self) {
-        self.0.loading.fetch_sub(1, Ordering::AcqRel);
-        self.0.slot_freed.notify_one();
+        self.0.loading.fetch_sub(self.1, Ordering::AcqRel);
+        self.0.slot_freed.notify_waiters();
     }
 }
 
@@ -67,18 +74,23 @@ impl Qos {
         }
     }
 
-    /// A place for one load fetch, once fewer than the window are in flight.
-    pub async fn load_slot(&self) -> LoadSlot<'_> {
+    /// A place for one load fetch — a whole one, or for a `small` file a [`SMALL_PER_LOAD`]th
+    /// of one — once the window has room for it.
+    pub async fn load_slot(&self, small: bool) -> LoadSlot<'_> {
+        let share = if small { 1 } else { SMALL_PER_LOAD };
         loop {
             let freed = self.slot_freed.notified();
-            let window = self.window();
+            let capacity = self.window() * SMALL_PER_LOAD;
             let now = self.loading.load(Ordering::Acquire);
-            if now < window
-                && self.loading.compare_exchange(now, now + 1, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            if now + share <= capacity
+                && self
+                    .loading
+                    .compare_exchange(now, now + share, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
             {
-                return LoadSlot(self);
+                return LoadSlot(self, share);
             }
-            if now >= window {
+            if now + share > capacity {
                 // A shrunk window frees no slot by itself: look again now and then.
                 let _ = tokio::time::timeout(Duration::from_millis(50), freed).await;
             }
