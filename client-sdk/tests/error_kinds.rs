@@ -19,6 +19,7 @@ use strata_proto::{
     MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse,
     RemoveMountRequest, RenameRequest, RenameResponse, ReportLoadTasksRequest, ReportLoadTasksResponse,
     RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest,
+    StatManyRequest, StatManyResponse,
     StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest,
     UploadResultRequest, UploadResultResponse, WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
 };
@@ -78,6 +79,7 @@ macro_rules! fake_master {
 fake_master! {
     add_mount(AddMountRequest) -> MountInfo;
     remove_mount(RemoveMountRequest) -> Empty;
+    stat_many(StatManyRequest) -> StatManyResponse;
     list(ListRequest) -> ListResponse;
     find(FindRequest) -> FindResponse;
     get_block_locations(BlockLocationsRequest) -> BlockLocations;

@@ -1426,6 +1426,8 @@ mod tests {
         }
         assert!(CopyAnswer::decode(&[3, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(CopyAnswer::decode(&[1; 8]).is_err());
+    }
+
     fn item(req_id: u64, path: &str) -> ReadBlockRequest {
         ReadBlockRequest { req_id, path: path.into(), ..sample() }
     }
@@ -1503,6 +1505,9 @@ mod tests {
             let size = if version.is_empty() { 0 } else { size };
             let req = CopyRequest { req_id, src, dst, version, size };
             prop_assert_eq!(CopyRequest::decode_body(&req.encode()[REQUEST_HEADER_LEN..]).unwrap(), req);
+        }
+
+        #[test]
         fn arbitrary_read_many_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..600)) {
             let _ = ReadMany::decode_body(&body);
             // The same bytes after a valid count, so decoding reaches the items.
