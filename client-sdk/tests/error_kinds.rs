@@ -21,8 +21,8 @@ use strata_proto::{
     RemoveMountRequest, RenameRequest, RenameResponse, ReportLoadTasksRequest, ReportLoadTasksResponse,
     RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest,
     StatError, StatManyRequest, StatManyResponse, StatManyResult, StatRequest, SubmitLoadRequest,
-    SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest, UploadResultRequest,
-    UploadResultResponse, WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
+    SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse,
+    WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
