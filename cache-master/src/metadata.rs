@@ -6,7 +6,11 @@
 //!   it leaves the table; every change bumps the mounts epoch workers follow;
 //! - a cached stat or listing is served only while younger than its mount's `metadata_ttl`
 //!   (zero: never cached), and a change made through the master (delete, mkdir, unmount)
-//!   forgets what it made stale before it returns.
+//!   forgets what it made stale before it returns;
+//! - a stat is answered from the cache when either the path's own stat or the fresh listing of
+//!   its parent holds it — the one learnt last, so a stat made after a listing (a `sync` stat
+//!   after a change) is not hidden by it. A path the listing lacks is asked of the UFS (a file
+//!   made behind Strata's back since the listing exists), never answered "not found" from it.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -85,6 +89,17 @@ struct Cached<T> {
     value: T,
 }
 
+/// A directory's cached listing, sorted by name.
+type CachedListing = Arc<Cached<Arc<Vec<UfsEntry>>>>;
+
+/// The listing of a path's parent for [`Metadata::cached_meta`].
+enum ParentListing {
+    /// Look it up.
+    LookUp,
+    /// Looked up by the caller already (for several paths of one directory).
+    Known(Option<CachedListing>),
+}
+
 pub struct Metadata {
     mounts: RwLock<MountTable>,
     mounts_epoch: Mutex<u64>,
@@ -92,12 +107,15 @@ pub struct Metadata {
     store: Arc<dyn MetaStore>,
     stats: Cache<String, Arc<Cached<ObjectMeta>>>,
     /// Directory listings sorted by name, weighed by their entries.
-    lists: Cache<String, Arc<Cached<Arc<Vec<UfsEntry>>>>>,
+    lists: Cache<String, CachedListing>,
     /// Cached entries age on this clock.
     clock: SharedClock,
     /// Write-back files not yet in the UFS, overlaid on its metadata.
     pending: Arc<WriteBack>,
 }
+
+/// UFS stats one [`Metadata::stat_many`] runs at once.
+const STAT_MANY_CONCURRENCY: usize = 32;
 
 /// Listed entries the cache holds per stat it holds (`cache_entries`): a listing entry is small,
 /// and a directory of a million files must fit whole.
@@ -127,7 +145,7 @@ impl Metadata {
             stats: Cache::builder().max_capacity(p.cache_entries).build(),
             // A large directory must fit, or every page of its listing would list it again.
             lists: Cache::builder()
-                .weigher(|_, l: &Arc<Cached<Arc<Vec<UfsEntry>>>>| {
+                .weigher(|_, l: &CachedListing| {
                     u32::try_from(l.value.len()).unwrap_or(u32::MAX).saturating_add(1)
                 })
                 .max_capacity(p.cache_entries.saturating_mul(LISTED_ENTRIES_PER_STAT))
@@ -161,12 +179,91 @@ impl Metadata {
         if let Some(p) = self.pending.get(&r.path) {
             return Ok((r, pending_meta(&p)));
         }
-        let cached = if sync { None } else { self.stats.get(&r.path).await };
-        if let Some(hit) = cached.filter(|hit| self.fresh(hit, &r.mount)) {
-            metrics::counter!(m::METADATA_CACHE, "result" => "hit").increment(1);
-            return Ok((r, hit.value.clone()));
+        if !sync && let Some(meta) = self.cached_meta(&r, ParentListing::LookUp).await {
+            return Ok((r, meta));
         }
         metrics::counter!(m::METADATA_CACHE, "result" => "miss").increment(1);
+        self.stat_at_ufs(r).await
+    }
+
+    /// Many paths' metadata, one result per path in order: those the cache holds fresh first
+    /// (the listing of a directory looked up once for all its paths asked), then the rest from
+    /// the UFS, [`STAT_MANY_CONCURRENCY`] at a time.
+    pub async fn stat_many(&self, raws: &[String]) -> Vec<Result<(Resolved, ObjectMeta), OpError>> {
+        use futures::StreamExt;
+        let mut out: Vec<Option<Result<(Resolved, ObjectMeta), OpError>>> = Vec::with_capacity(raws.len());
+        let mut misses = Vec::new();
+        let mut listings: std::collections::HashMap<String, Option<CachedListing>> =
+            std::collections::HashMap::new();
+        for (i, raw) in raws.iter().enumerate() {
+            let r = match self.resolve(raw) {
+                Ok(r) => r,
+                Err(e) => {
+                    out.push(Some(Err(e)));
+                    continue;
+                }
+            };
+            if let Some(p) = self.pending.get(&r.path) {
+                out.push(Some(Ok((r, pending_meta(&p)))));
+                continue;
+            }
+            let listing = match parent_of(&r) {
+                Some(parent) => match listings.get(parent) {
+                    Some(known) => known.clone(),
+                    None => {
+                        let found = self.lists.get(parent).await;
+                        listings.insert(parent.to_string(), found.clone());
+                        found
+                    }
+                },
+                None => None,
+            };
+            match self.cached_meta(&r, ParentListing::Known(listing)).await {
+                Some(meta) => out.push(Some(Ok((r, meta)))),
+                None => {
+                    metrics::counter!(m::METADATA_CACHE, "result" => "miss").increment(1);
+                    out.push(None);
+                    misses.push((i, r));
+                }
+            }
+        }
+        let mut asked = futures::stream::iter(misses)
+            .map(|(i, r)| async move { (i, self.stat_at_ufs(r).await) })
+            .buffer_unordered(STAT_MANY_CONCURRENCY);
+        while let Some((i, answer)) = asked.next().await {
+            out[i] = Some(answer);
+        }
+        out.into_iter().map(|answer| answer.expect("every path answered")).collect()
+    }
+
+    /// A path's fresh metadata from the cache, without I/O: its own cached stat or its entry in
+    /// the fresh listing of its parent, whichever was learnt last.
+    async fn cached_meta(&self, r: &Resolved, parent: ParentListing) -> Option<ObjectMeta> {
+        let stat = self.stats.get(&r.path).await.filter(|hit| self.fresh(hit, &r.mount));
+        let listing = match parent {
+            ParentListing::Known(listing) => listing,
+            ParentListing::LookUp => match parent_of(r) {
+                Some(parent) => self.lists.get(parent).await,
+                None => None,
+            },
+        };
+        let listed = listing.filter(|l| self.fresh(l, &r.mount)).and_then(|l| {
+            let name = r.path.rsplit('/').next()?;
+            let i = l.value.binary_search_by(|e| e.name.as_str().cmp(name)).ok()?;
+            Some((l.at, l.value[i].meta.clone()))
+        });
+        let (result, meta) = match (stat, listed) {
+            (Some(hit), Some((at, _))) if hit.at >= at => ("hit", hit.value.clone()),
+            (_, Some((_, meta))) => ("listing", meta),
+            (Some(hit), None) => ("hit", hit.value.clone()),
+            (None, None) => return None,
+        };
+        metrics::counter!(m::METADATA_CACHE, "result" => result).increment(1);
+        Some(meta)
+    }
+
+    /// A path's metadata from the UFS, cached for the mount's TTL.
+    async fn stat_at_ufs(&self, r: Resolved) -> Result<(Resolved, ObjectMeta), OpError> {
         let meta = if r.rel.is_empty() {
             // The mount point itself is a directory even if the UFS root has no entry.
             ObjectMeta { is_dir: true, size: 0, version: String::new(), mtime_ms: 0 }
@@ -299,6 +396,11 @@ impl Metadata {
         // A walk goes through the cached listings, so the pages of a large directory list it
         // once, not once per page; a service's own ordered listing starts at the page.
         let tree = CachedTree { metadata: self, mount: &mount };
+        // A walk goes through cached directory listings, which answer stats already; a
+        // service's own recursive listing caches nothing, so its files become cached stats (a
+        // reader of what was found, through another client or `StatMany`, then costs no UFS
+        // request).
+        let feeds_stats = mount.ufs.lists_recursively() && !mount.metadata_ttl.is_zero();
         let mut listing = if mount.ufs.lists_recursively() {
             mount.ufs.list_recursive(&r.rel, after)
         } else if with_dirs {
@@ -347,6 +449,10 @@ impl Metadata {
                     continue;
                 }
                 let strata_path = path::join(&mount.record.path, &rel);
+                if feeds_stats && !meta.is_dir && !meta.version.starts_with(crate::writeback::VERSION_PREFIX)
+                {
+                    self.stats.insert(strata_path.clone(), self.cached(meta.clone())).await;
+                }
                 entries.push(Entry { path: strata_path, rel, meta });
             }
         }
@@ -571,6 +677,15 @@ impl Metadata {
 /// stat).
 async fn ufs_stat(r: &Resolved) -> Result<ObjectMeta, OpError> {
     r.mount.ufs.stat(&r.rel).await.map_err(|e| OpError::ufs(&r.path, e))
+}
+
+/// The Strata path of the directory whose listing holds `r`; `None` for a mount point.
+fn parent_of(r: &Resolved) -> Option<&str> {
+    if r.rel.is_empty() {
+        return None;
+    }
+    let (parent, _) = r.path.rsplit_once('/')?;
+    Some(if parent.is_empty() { "/" } else { parent })
 }
 
 /// A mount's tree as the metadata cache sees it, for walks.

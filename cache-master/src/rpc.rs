@@ -40,6 +40,8 @@ fn status(rpc: &'static str) -> impl Fn(OpError) -> Status {
 pub const DEFAULT_PAGE: usize = 1_000;
 /// Most entries a page holds, whatever the request asks (bounded messages).
 pub const MAX_PAGE: usize = 10_000;
+/// Most paths one `StatMany` asks (a larger call is refused: the client sends chunks).
+pub const MAX_STAT_MANY: usize = 10_000;
 /// Most blocks one `GetBlockLocations` answer holds.
 const MAX_BLOCKS_PER_ANSWER: usize = 10_000;
 
@@ -110,6 +112,46 @@ impl MasterRpc for Rpc {
         let req = req.into_inner();
         let (r, meta) = self.metadata.stat(&req.path, req.sync).await.map_err(status(RPC))?;
         Ok(Response::new(self.with_pending(file_status(&r.path, &r.mount, &r.rel, &meta))))
+    }
+
+    async fn stat_many(&self, req: Request<pb::StatManyRequest>) -> RpcResult<pb::StatManyResponse> {
+        const RPC: &str = "stat_many";
+        count(RPC);
+        let asked = req.get_ref().paths.len();
+        if asked > MAX_STAT_MANY {
+            let kind = strata_common::ErrorKind::ResourceExhausted;
+            metrics::counter!(m::RPC_ERRORS, "rpc" => RPC, "kind" => kind.as_str()).increment(1);
+            let message = format!("StatMany of {asked} paths: at most {MAX_STAT_MANY} per call");
+            return Err(strata_proto::status(kind, message));
+        }
+        // Each path is checked as `Stat` checks its one: a path outside the token's scope is
+        // that path's error, not the call's.
+        let allowed: Vec<Result<(), Status>> =
+            req.get_ref().paths.iter().map(|p| check_path(&req, Access::Read, p)).collect();
+        let paths = req.into_inner().paths;
+        let wanted: Vec<String> =
+            paths.iter().zip(&allowed).filter(|(_, ok)| ok.is_ok()).map(|(p, _)| p.clone()).collect();
+        let mut stated = self.metadata.stat_many(&wanted).await.into_iter();
+        let failed = |kind: strata_common::ErrorKind, message: String| {
+            metrics::counter!(m::RPC_ERRORS, "rpc" => RPC, "kind" => kind.as_str()).increment(1);
+            pb::stat_many_result::Result::Error(pb::StatError { kind: kind.as_str().to_string(), message })
+        };
+        let results = allowed
+            .into_iter()
+            .map(|allowed| {
+                let result = match allowed {
+                    Err(refused) => failed(strata_proto::kind_of(&refused), refused.message().to_string()),
+                    Ok(()) => match stated.next().expect("one answer per path asked") {
+                        Ok((r, meta)) => pb::stat_many_result::Result::Status(
+                            self.with_pending(file_status(&r.path, &r.mount, &r.rel, &meta)),
+                        ),
+                        Err(e) => failed(e.kind(), e.to_string()),
+                    },
+                };
+                pb::StatManyResult { result: Some(result) }
+            })
+            .collect();
+        Ok(Response::new(pb::StatManyResponse { results }))
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> RpcResult<pb::ListResponse> {

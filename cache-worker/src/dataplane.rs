@@ -10,6 +10,11 @@
 //!
 //! `Copy` makes one file a copy of another inside the cluster (by the UFS, or streamed through
 //! this worker's blocks: `copy`), answered when the copy exists.
+//! `ReadMany` asks for many block ranges in one round trip (an epoch over small files costs one
+//! request per batch, not one per file): each item is checked and read as a `ReadBlock` is —
+//! through the same [`BlockService::read_payload`], so DRAM, `sendfile`, misses and single
+//! flight all apply — several at a time, and answered by its own response frame in the order
+//! asked; an item refused or failed gets an error frame and the others are served.
 //!
 //! Two small requests answer metadata rather than bytes, for clients whose master is
 //! unreachable: `View` (the worker's [`LastView`] of membership and mounts) and `Stat` (a path
@@ -36,7 +41,8 @@ use strata_common::ErrorKind;
 use strata_common::fdpass::write_all_with_fd;
 use strata_common::frame::{
     self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
-    RdmaEndpoint, ReadBlockRequest, RemoteRead, ResponseHeader, Source, StatRequest, decode_request_header,
+    RdmaEndpoint, ReadBlockRequest, ReadMany, RemoteRead, ResponseHeader, Source, StatRequest,
+    decode_request_header,
 };
 use strata_security::tls::ServerTls;
 use strata_security::token::Access;
@@ -59,6 +65,9 @@ use timed::Timed;
 /// Small payloads go out in one write with their header; large ones in two writes, without
 /// copying the block.
 const COALESCE_LIMIT: usize = 64 * 1024;
+/// Items of one `ReadMany` read at once: enough to overlap the UFS fetches of a batch of cold
+/// small files, few enough that one batch holds few blocks ahead of a slow reader.
+const READ_MANY_CONCURRENCY: usize = 16;
 
 /// What the data plane serves from: the storage API and the grants service.
 #[derive(Clone)]
@@ -455,6 +464,11 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     }
                 }
             }
+            Ok((frame::Op::ReadMany, len)) => {
+                if let Some(batch) = read_body(&mut stream, len, ReadMany::decode_body).await? {
+                    serve_read_many(&mut stream, &plane, &mut session, &batch.items).await?
+                }
+            }
             Ok((op @ (frame::Op::PeerRead | frame::Op::PeerFetch), len)) => {
                 if let Some(req) = read_body(&mut stream, len, ReadBlockRequest::decode_body).await? {
                     let allowed = plane.auth.check(&mut session, Access::Read, Some(&req.path));
@@ -585,7 +599,62 @@ async fn serve_read<S: Connection>(
     req: &ReadBlockRequest,
 ) -> std::io::Result<()> {
     let started = Instant::now();
-    match plane.blocks.read_payload(&block_read(req)).await {
+    let read = plane.blocks.read_payload(&block_read(req)).await;
+    answer_read(stream, req, read, started).await
+}
+
+/// A `ReadMany`: every item's access checked, the items read [`READ_MANY_CONCURRENCY`] at a
+/// time, and each answered in the order asked as its own `ReadBlock` would be, so the client
+/// matches answers to items by position and request id alike.
+async fn serve_read_many<S: Connection>(
+    stream: &mut S,
+    plane: &DataPlane,
+    session: &mut Session,
+    items: &[ReadBlockRequest],
+) -> std::io::Result<()> {
+    use futures::StreamExt;
+    metrics::counter!(m::READ_MANY_REQUESTS).increment(1);
+    metrics::counter!(m::READ_MANY_ITEMS).increment(items.len() as u64);
+    // Checked up front: the check needs the session mutably, the reads run side by side.
+    let allowed: Vec<Result<(), Refused>> =
+        items.iter().map(|req| plane.auth.check(session, Access::Read, Some(&req.path))).collect();
+    // Made here rather than in a stream combinator's closure, whose borrows the compiler
+    // cannot prove general enough for the connection's `Send` future.
+    let reads: Vec<_> =
+        items.iter().zip(allowed).map(|(req, allowed)| read_item(plane, req, allowed)).collect();
+    let mut answers = futures::stream::iter(reads).buffered(READ_MANY_CONCURRENCY);
+    while let Some((req, read, started)) = answers.next().await {
+        match read {
+            Ok(read) => answer_read(stream, req, read, started).await?,
+            Err((kind, message)) => send_error(stream, req.req_id, kind, &message).await?,
+        }
+    }
+    Ok(())
+}
+
+/// One item of a `ReadMany`: its read (when allowed) and when it began.
+async fn read_item<'a>(
+    plane: &'a DataPlane,
+    req: &'a ReadBlockRequest,
+    allowed: Result<(), Refused>,
+) -> (&'a ReadBlockRequest, Result<Result<Served, ServeError>, Refused>, Instant) {
+    let started = Instant::now();
+    let read = match allowed {
+        Ok(()) => Ok(plane.blocks.read_payload(&block_read(req)).await),
+        Err(refused) => Err(refused),
+    };
+    (req, read, started)
+}
+
+/// Answers one block read with its payload (from memory, or `sendfile` from its block file) or
+/// its error frame.
+async fn answer_read<S: Connection>(
+    stream: &mut S,
+    req: &ReadBlockRequest,
+    read: Result<Served, ServeError>,
+    started: Instant,
+) -> std::io::Result<()> {
+    match read {
         Ok(Served { payload, source, .. }) => {
             match payload {
                 Payload::Bytes(bytes) => send_data(stream, req.req_id, source, &bytes).await?,

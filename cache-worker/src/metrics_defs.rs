@@ -31,6 +31,10 @@ pub const NVME_COMPACTED_ENTRIES: &str = "strata_worker_nvme_compacted_entries_t
 pub const UPKEEP_EVICTED_BLOCKS: &str = "strata_worker_upkeep_evicted_blocks_total";
 /// Counter, bytes, labels `tier` and `reason` as above: bytes the background upkeep evicted.
 pub const UPKEEP_EVICTED_BYTES: &str = "strata_worker_upkeep_evicted_bytes_total";
+/// Counter: `ReadMany` requests (many block ranges in one round trip) served.
+pub const READ_MANY_REQUESTS: &str = "strata_worker_read_many_requests_total";
+/// Counter: block ranges asked in `ReadMany` requests (each answered as a block read is).
+pub const READ_MANY_ITEMS: &str = "strata_worker_read_many_items_total";
 /// Counter, label `kind`: requests answered with an error frame.
 pub const REQUEST_ERRORS: &str = "strata_worker_request_errors_total";
 /// Counter, label `kind` (`unauthenticated`, `permission_denied`, `unavailable`: tokens not

@@ -20,6 +20,7 @@
 //! stat at the UFS what it has not seen, and a client that cannot reach the master at start
 //! starts from a worker's or the sidecar's last view of the cluster.
 
+mod batch;
 mod error;
 mod fsops;
 mod health;
@@ -53,6 +54,7 @@ use transport::{Sink, Via};
 use crate::listings::{ListKey, Listings, STALE_TOKEN};
 use crate::outage::{FALLBACK_DEADLINE, Outage};
 
+pub use batch::{MAX_BATCH_BYTES, ReadSpec, STAT_MANY_CHUNK};
 pub use error::{ClientError, Result, Unserved};
 pub use fsops::{Copied, CopiedBy, Moved, StrataWriter};
 pub use health::HedgePolicy;
@@ -135,7 +137,8 @@ pub struct ClientConfig {
     pub workers: Vec<String>,
     /// Most entries of listings kept (whole listings, least recently used dropped first) to
     /// answer `list`/`find` while the master is unreachable; 0 keeps none. Default 100000
-    /// (about 20 MB).
+    /// (about 20 MB). Listed files also become cached stats (so files just listed are read
+    /// without asking the master) while the stat cache holds fewer than this many.
     pub listing_cache_entries: usize,
     /// Decides metadata TTLs, the membership refresh and how long short-circuit mappings are
     /// kept. Default the machine's clock; tests inject a `ManualClock` instead of sleeping.
@@ -878,7 +881,26 @@ impl Client {
         let entries: Vec<FileInfo> = entries.into_iter().map(FileInfo::from).collect();
         let next = (!next.is_empty()).then_some(next);
         self.inner.listings.record(key, token, &entries, next.as_deref());
+        self.feed_stats(&entries);
         (entries, next)
+    }
+
+    /// A listing's files become cached stats (as if each had been stated now), so reading
+    /// files just listed asks the master nothing. Directories are left out (a listed prefix of
+    /// an object store says less than its stat), and so are write-back files not yet uploaded
+    /// (`stat_with` never reuses them). A listing adds new paths only while the cache holds
+    /// fewer than `listing_cache_entries` stats (it refreshes those it has at any size), so a
+    /// listing of millions of files does not grow it without bound.
+    fn feed_stats(&self, entries: &[FileInfo]) {
+        let limit = self.inner.config.listing_cache_entries;
+        let files = entries.iter().filter(|e| !e.is_dir && e.persist == Persist::Persisted);
+        let now = self.inner.config.clock.now();
+        let mut stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner());
+        for e in files {
+            if stats.len() < limit || stats.contains_key(&e.path) {
+                stats.insert(e.path.clone(), (now, e.clone()));
+            }
+        }
     }
 
     /// A page of a kept listing: while the master is unreachable (`outage` is its error, for

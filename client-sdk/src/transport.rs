@@ -2,6 +2,10 @@
 //! `strata_common::frame` over pooled connections; [`UnixTransport`] speaks the same frames to
 //! a sidecar worker's Unix socket. With the `testing` feature, `FaultyTransport` wraps any
 //! transport and fails on demand, for tests.
+//!
+//! Both framed transports send many block ranges to one worker as one `ReadMany` request
+//! ([`Transport::read_many`]) and read its answers one by one as they arrive; any other
+//! transport reads them one after another, so the client's batched reads work over all.
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -11,8 +15,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use strata_common::ErrorKind;
-use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, Source};
+use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ReadMany, ResponseHeader, Source};
 use strata_security::tls::ClientTls;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -71,6 +77,27 @@ pub trait Transport: Send + Sync + 'static {
         }
         dst.copy_from_slice(&bytes);
         Ok(source)
+    }
+
+    /// Whether [`read_many`](Self::read_many) asks for many ranges in one round trip (the
+    /// framed transports) rather than one after another (the default); the client batches
+    /// reads only through a transport that does.
+    fn batches_reads(&self) -> bool {
+        false
+    }
+
+    /// Reads many block ranges from the worker at `addr`: the answers, in the order of
+    /// `reqs`, each as [`read_block`](Self::read_block) answers it, as they arrive. The stream
+    /// may end early after an error that broke the connection; the requests it did not answer
+    /// were not served, and the caller asks elsewhere. A framed transport sends them as one
+    /// `ReadMany`, so `reqs` must keep within its limits (`ReadMany::fits`); the default reads
+    /// them one after another.
+    fn read_many<'a>(
+        &'a self,
+        addr: &'a str,
+        reqs: &'a [ReadBlockRequest],
+    ) -> BoxStream<'a, Result<(Bytes, Source), TransportError>> {
+        futures::stream::iter(reqs).then(move |req| self.read_block(addr, req)).boxed()
     }
 }
 
@@ -619,6 +646,72 @@ async fn pooled_call<P: Pool>(
     result
 }
 
+/// Many reads as one `ReadMany` on a pooled connection: the request goes out when the stream
+/// is first polled, and each poll reads the next answer (under the request timeout). An item's
+/// error frame leaves the connection in step and the stream goes on; any other failure (or a
+/// rejection of the whole frame, under request id 0) ends it. The connection goes back to the
+/// pool once every answer was read; a stream dropped before that drops it (it is out of step).
+fn pooled_many<'a, P: Pool>(
+    pool: &'a P,
+    addr: &'a str,
+    reqs: &'a [ReadBlockRequest],
+) -> BoxStream<'a, Result<(Bytes, Source), TransportError>> {
+    struct State<S> {
+        stream: Option<S>,
+        ids: Vec<u64>,
+        next: usize,
+    }
+    let ids: Vec<u64> = reqs.iter().map(|_| pool.next_req_id()).collect();
+    let first = State { stream: None, ids, next: 0 };
+    futures::stream::unfold(Some(first), move |state| async move {
+        let mut state = state?;
+        let req = reqs.get(state.next)?;
+        let timeout = pool.request_timeout();
+        let timed_out = || TransportError::Timeout { addr: addr.to_string() };
+        if state.stream.is_none() {
+            let items = reqs
+                .iter()
+                .zip(&state.ids)
+                .map(|(req, &req_id)| ReadBlockRequest { req_id, ..req.clone() })
+                .collect();
+            let frame = ReadMany { items }.encode();
+            let sent = async {
+                let mut stream = pool.checkout(addr).await?;
+                let written = async {
+                    stream.write_all(&frame).await?;
+                    stream.flush().await
+                };
+                match written.await {
+                    Ok(()) => Ok(stream),
+                    Err(e) => Err(why_write_failed(&mut stream, addr, e).await),
+                }
+            };
+            match tokio::time::timeout(timeout, sent).await {
+                Ok(Ok(stream)) => state.stream = Some(stream),
+                Ok(Err(e)) => return Some((Err(e), None)),
+                Err(_) => return Some((Err(timed_out()), None)),
+            }
+        }
+        let stream = state.stream.as_mut().expect("sent above");
+        let read = read_response(stream, addr, state.ids[state.next], req.len, Sink::New);
+        let answer = match tokio::time::timeout(timeout, read).await {
+            Ok(answer) => answer.map(|(bytes, source)| (bytes.unwrap_or_default(), source)),
+            Err(_) => Err(timed_out()),
+        };
+        state.next += 1;
+        if !reusable(&answer) {
+            return Some((answer, None));
+        }
+        if state.next == reqs.len() {
+            // Every answer read: in step for the next request, whether or not we are polled again.
+            pool.checkin(addr, state.stream.take().expect("sent above"));
+            return Some((answer, None));
+        }
+        Some((answer, Some(state)))
+    })
+    .boxed()
+}
+
 /// Whether a connection can be reused after an exchange ended with `result`: only one that
 /// completed a whole exchange is known to be in sync, and not one the worker closes after
 /// saying why: a refused token, a frame rejected as bad, its connection limits.
@@ -657,6 +750,18 @@ macro_rules! pooled_transport {
                 dst: &mut [u8],
             ) -> Result<Source, TransportError> {
                 pooled_call(self, addr, req, Sink::Into(dst)).await.map(|(_, source)| source)
+            }
+
+            fn batches_reads(&self) -> bool {
+                true
+            }
+
+            fn read_many<'a>(
+                &'a self,
+                addr: &'a str,
+                reqs: &'a [ReadBlockRequest],
+            ) -> BoxStream<'a, Result<(Bytes, Source), TransportError>> {
+                pooled_many(self, addr, reqs)
             }
         }
     };
@@ -884,6 +989,8 @@ mod faulty {
 
     use async_trait::async_trait;
     use bytes::Bytes;
+    use futures::StreamExt;
+    use futures::stream::BoxStream;
     use strata_common::frame::{ReadBlockRequest, Source};
 
     use super::{Transport, TransportError};
@@ -955,6 +1062,24 @@ mod faulty {
             self.check(addr)?;
             self.freeze(addr).await;
             self.inner.read_block_into(addr, req, dst).await
+        }
+
+        fn batches_reads(&self) -> bool {
+            self.inner.batches_reads()
+        }
+
+        /// The whole batch fails (or never answers) as one read to `addr` would.
+        fn read_many<'a>(
+            &'a self,
+            addr: &'a str,
+            reqs: &'a [ReadBlockRequest],
+        ) -> BoxStream<'a, Result<(Bytes, Source), TransportError>> {
+            if let Err(e) = self.check(addr) {
+                return futures::stream::once(std::future::ready(Err(e))).boxed();
+            }
+            futures::stream::once(self.freeze(addr))
+                .flat_map(move |()| self.inner.read_many(addr, reqs))
+                .boxed()
         }
     }
 
@@ -1079,6 +1204,90 @@ mod tests {
         assert!(got.unwrap_err().try_next_worker(), "another worker may have room");
         let not_found = answer(&error_frame(7, ErrorKind::NotFound, "x"), 7).await;
         assert!(!not_found.unwrap_err().try_next_worker(), "any worker would answer the same");
+    }
+
+    /// A batch is one request whose answers come back one by one, an item's error among them;
+    /// the connection is kept for the next batch. A worker that rejects the whole frame (one that
+    /// does not know `ReadMany`) ends the stream early, leaving the rest unanswered.
+    #[tokio::test]
+    async fn a_batch_is_one_request_answered_in_order_on_a_kept_connection() {
+        use strata_common::frame::{Op, REQUEST_HEADER_LEN, decode_request_header};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    loop {
+                        let mut head = [0u8; REQUEST_HEADER_LEN];
+                        if stream.read_exact(&mut head).await.is_err() {
+                            return;
+                        }
+                        let (op, len) = decode_request_header(&head).unwrap();
+                        let mut body = vec![0u8; len];
+                        stream.read_exact(&mut body).await.unwrap();
+                        assert_eq!(op, Op::ReadMany);
+                        let batch = ReadMany::decode_body(&body).unwrap();
+                        for req in batch.items {
+                            let reply = match req.block_index {
+                                3 => error_frame(req.req_id, ErrorKind::NotFound, "not here"),
+                                9 => error_frame(0, ErrorKind::BadFrame, "unknown op 17"),
+                                i => {
+                                    let payload = format!("block {i}");
+                                    let head = ResponseHeader {
+                                        status: Ok(Source::Memory),
+                                        req_id: req.req_id,
+                                        payload_len: payload.len() as u64,
+                                    };
+                                    [&head.encode()[..], payload.as_bytes()].concat()
+                                }
+                            };
+                            stream.write_all(&reply).await.unwrap();
+                            if req.block_index == 9 {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let tcp = TcpTransport::new(Duration::from_secs(2), Duration::from_secs(5));
+        let req = |block_index| ReadBlockRequest {
+            req_id: 0,
+            path: "/d/f".into(),
+            version: "v".into(),
+            file_size: 100,
+            block_size: 10,
+            block_index,
+            offset: 0,
+            len: 7,
+        };
+        let reqs: Vec<ReadBlockRequest> = (0..5).map(req).collect();
+        for _ in 0..2 {
+            let answers: Vec<_> = tcp.read_many(&addr, &reqs).collect().await;
+            assert_eq!(answers.len(), 5);
+            for (i, answer) in answers.into_iter().enumerate() {
+                match answer {
+                    Ok((bytes, Source::Memory)) if i != 3 => assert_eq!(bytes, format!("block {i}")),
+                    Err(TransportError::Remote { kind: ErrorKind::NotFound, .. }) if i == 3 => {}
+                    other => panic!("item {i}: {other:?}"),
+                }
+            }
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "both batches on one connection");
+        assert!(tcp.batches_reads());
+
+        let rejected = [req(0), req(9), req(1)];
+        let answers: Vec<_> = tcp.read_many(&addr, &rejected).collect().await;
+        assert_eq!(answers.len(), 2, "nothing after the rejection: {answers:?}");
+        assert!(matches!(answers[1], Err(TransportError::Remote { kind: ErrorKind::BadFrame, .. })));
+        // The rejecting connection was not kept: the next batch dials anew and is served.
+        let answers: Vec<_> = tcp.read_many(&addr, &reqs[..1]).collect().await;
+        assert!(matches!(&answers[..], [Ok(_)]), "{answers:?}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     /// Peer asks share connections: ten asks of one worker, a miss among them, open one.

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use strata_client::{Client, ClientConfig, ClientError};
 use strata_common::ErrorKind;
 use strata_common::frame::{
-    Op, REQUEST_HEADER_LEN, ReadBlockRequest, ResponseHeader, StatRequest as FrameStat, decode_request_header,
+    Op, REQUEST_HEADER_LEN, ReadBlockRequest, ReadMany, ResponseHeader, StatRequest as FrameStat,
+    decode_request_header,
 };
 use strata_proto::master_server::{Master, MasterServer};
 use strata_proto::{
@@ -19,17 +20,35 @@ use strata_proto::{
     MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse,
     RemoveMountRequest, RenameRequest, RenameResponse, ReportLoadTasksRequest, ReportLoadTasksResponse,
     RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest,
-    StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest,
-    UploadResultRequest, UploadResultResponse, WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
+    StatError, StatManyRequest, StatManyResponse, StatManyResult, StatRequest, SubmitLoadRequest,
+    SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse,
+    WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::{Request, Response, Status};
 
 /// A master whose `stat` of `/master/<kind>` fails with that kind, and of `/worker/<kind>` finds
-/// a small file that the one worker, at `worker`, fails to read with that kind.
+/// a small file that the one worker, at `worker`, fails to read with that kind. `StatMany`
+/// answers the same per path, or (`stat_many` false) is unknown, as to a master older than it.
 struct FakeMaster {
     worker: SocketAddr,
+    stat_many: bool,
+}
+
+/// What the fake master's `stat` says of `path`.
+fn fake_stat(path: String) -> Result<FileStatus, Status> {
+    if path.starts_with("/master/") {
+        return Err(strata_proto::status(kind_in(&path), format!("{path}: refused")));
+    }
+    Ok(FileStatus {
+        file_id: path.clone(),
+        path,
+        size: 100,
+        version: "v1".into(),
+        block_size: 4096,
+        ..FileStatus::default()
+    })
 }
 
 /// The kind a fake server fails a path with: its last component names it.
@@ -52,18 +71,29 @@ macro_rules! fake_master {
             }
 
             async fn stat(&self, req: Request<StatRequest>) -> Result<Response<FileStatus>, Status> {
-                let path = req.into_inner().path;
-                if path.starts_with("/master/") {
-                    return Err(strata_proto::status(kind_in(&path), format!("{path}: refused")));
+                fake_stat(req.into_inner().path).map(Response::new)
+            }
+
+            async fn stat_many(&self, req: Request<StatManyRequest>) -> Result<Response<StatManyResponse>, Status> {
+                use strata_proto::stat_many_result::Result as R;
+                if !self.stat_many {
+                    return Err(Status::unimplemented("stat_many"));
                 }
-                Ok(Response::new(FileStatus {
-                    file_id: path.clone(),
-                    path,
-                    size: 100,
-                    version: "v1".into(),
-                    block_size: 4096,
-                    ..FileStatus::default()
-                }))
+                let results = req
+                    .into_inner()
+                    .paths
+                    .into_iter()
+                    .map(|path| StatManyResult {
+                        result: Some(match fake_stat(path) {
+                            Ok(status) => R::Status(status),
+                            Err(s) => R::Error(StatError {
+                                kind: strata_proto::kind_of(&s).as_str().to_string(),
+                                message: s.message().to_string(),
+                            }),
+                        }),
+                    })
+                    .collect();
+                Ok(Response::new(StatManyResponse { results }))
             }
 
             $(
@@ -131,6 +161,15 @@ async fn serve(mut stream: TcpStream) -> std::io::Result<()> {
         let (op, body_len) = decode_request_header(&head).expect("a request header");
         let mut body = vec![0u8; body_len];
         stream.read_exact(&mut body).await?;
+        if op == Op::ReadMany {
+            // Each item fails as its own read would; a bad frame rejects the whole request.
+            for req in ReadMany::decode_body(&body).expect("a batch").items {
+                if !answer_read(&mut stream, &req).await? {
+                    return stream.shutdown().await;
+                }
+            }
+            continue;
+        }
         if op == Op::Stat {
             // Asked when the master answers `unavailable` (an outage): this worker cannot help.
             let req = FrameStat::decode_body(&body).expect("a stat request");
@@ -145,21 +184,31 @@ async fn serve(mut stream: TcpStream) -> std::io::Result<()> {
             continue;
         }
         let req = ReadBlockRequest::decode_body(&body).expect("a read request");
-        let kind = kind_in(&req.path);
-        let message = format!("{} failed", req.path);
-        let req_id = if kind == ErrorKind::BadFrame { 0 } else { req.req_id };
-        let head = ResponseHeader { status: Err(kind), req_id, payload_len: message.len() as u64 };
-        stream.write_all(&head.encode()).await?;
-        stream.write_all(message.as_bytes()).await?;
-        if kind == ErrorKind::BadFrame {
+        if !answer_read(&mut stream, &req).await? {
             return stream.shutdown().await;
         }
     }
 }
 
+/// Fails `req` with the kind its path names; `false` when the connection must close after.
+async fn answer_read(stream: &mut TcpStream, req: &ReadBlockRequest) -> std::io::Result<bool> {
+    let kind = kind_in(&req.path);
+    let message = format!("{} failed", req.path);
+    let req_id = if kind == ErrorKind::BadFrame { 0 } else { req.req_id };
+    let head = ResponseHeader { status: Err(kind), req_id, payload_len: message.len() as u64 };
+    stream.write_all(&head.encode()).await?;
+    stream.write_all(message.as_bytes()).await?;
+    Ok(kind != ErrorKind::BadFrame)
+}
+
 async fn client() -> Client {
+    client_of(true).await
+}
+
+/// A client of a fake master that knows `StatMany` or not.
+async fn client_of(stat_many: bool) -> Client {
     let worker = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let fake = FakeMaster { worker: worker.local_addr().unwrap() };
+    let fake = FakeMaster { worker: worker.local_addr().unwrap(), stat_many };
     tokio::spawn(fake_worker(worker));
     let incoming = tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let master = incoming.local_addr().unwrap();
@@ -203,5 +252,41 @@ async fn every_kind_a_worker_sends_reaches_the_caller() {
         let info = client.stat(&path).await.unwrap();
         let e = client.read_into(&info, 0, &mut buf).await.expect_err("the worker fails it");
         assert_eq!(e.kind(), kind, "read_into: {e}");
+    }
+}
+
+/// Batched: every path's kind through `StatMany` (or, from a master without it, path by path),
+/// and every worker kind through `ReadMany`, each path its own error.
+#[tokio::test]
+async fn every_kind_reaches_the_caller_through_stat_many_and_read_many() {
+    // A bad frame ends a batch (the worker closes the connection): last, so that every other
+    // kind is answered within the batch, item by item.
+    let mut kinds = ErrorKind::ALL.to_vec();
+    kinds.rotate_left(1);
+    assert_eq!(kinds.last(), Some(&ErrorKind::BadFrame));
+    for stat_many in [true, false] {
+        let client = client_of(stat_many).await;
+        let masters: Vec<String> = kinds.iter().map(|k| format!("/master/{k}")).collect();
+        let workers: Vec<String> = kinds.iter().map(|k| format!("/worker/{k}")).collect();
+        let asked: Vec<&str> = masters.iter().chain(&workers).map(String::as_str).collect();
+        let stats = client.stat_many(&asked).await;
+        assert_eq!(stats.len(), asked.len());
+        let mut specs = Vec::new();
+        for ((path, kind), stat) in asked.iter().zip(kinds.iter().chain(&kinds)).zip(stats) {
+            if path.starts_with("/master/") {
+                let e = stat.expect_err("the master fails it");
+                assert_eq!(e.kind(), *kind, "stat_many={stat_many}: {e}");
+                assert!(e.to_string().contains(&format!("{path}: refused")), "{e}");
+            } else {
+                let info = stat.unwrap_or_else(|e| panic!("{path}: {e}"));
+                specs.push(strata_client::ReadSpec { info, offset: 0, len: 100 });
+            }
+        }
+        let read = client.read_many(&specs).await;
+        for (kind, answer) in kinds.iter().zip(read) {
+            let e = answer.expect_err("the worker fails it");
+            assert_eq!(e.kind(), *kind, "read_many: {e}");
+            assert!(e.to_string().contains(&format!("/worker/{kind} failed")), "{e}");
+        }
     }
 }

@@ -26,6 +26,10 @@
 //! [`FileStat`]. Both let a client go on, or start, while the master is unreachable.
 //! `Auth` (body = a token) says who the client is: the first frame of every connection to a
 //! cluster that requires tokens, answered only when refused.
+//! `ReadMany` (body `count:u32` then that many read bodies, each with its own `req_id`; see
+//! [`ReadMany`]) asks for many block ranges in one round trip: the worker answers with one
+//! ordinary response frame per item, in the order asked, an error frame for an item it cannot
+//! serve and data for the others.
 //! `status` 0 is success and the payload is data; otherwise it is an [`ErrorKind`] code and
 //! the payload a UTF-8 message.
 //!
@@ -126,6 +130,9 @@ pub enum Op {
     PeerFetch = 16,
     /// Copy one file to another path, inside the cluster ([`CopyRequest`] → [`CopyAnswer`]).
     Copy = 18,
+    /// Many block ranges in one request ([`ReadMany`]): one response frame per item, in the
+    /// order of the items, each under the item's own request id.
+    ReadMany = 17,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -203,9 +210,19 @@ impl ReadBlockRequest {
 
     /// The request under `op`, with room announced for `extra` body bytes the caller appends.
     fn encode_with(&self, op: Op, extra: usize) -> Vec<u8> {
-        let body_len = 48 + 2 + self.path.len() + 2 + self.version.len();
+        let body_len = self.body_len();
         let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len + extra);
         out.extend_from_slice(&request_header(op, body_len + extra));
+        self.write_body(&mut out);
+        out
+    }
+
+    /// Bytes of this request's body (what a [`ReadMany`] item takes).
+    pub fn body_len(&self) -> usize {
+        48 + 2 + self.path.len() + 2 + self.version.len()
+    }
+
+    fn write_body(&self, out: &mut Vec<u8>) {
         for v in [self.req_id, self.file_size, self.block_size, self.block_index, self.offset, self.len] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -213,11 +230,19 @@ impl ReadBlockRequest {
         out.extend_from_slice(self.path.as_bytes());
         out.extend_from_slice(&(self.version.len() as u16).to_le_bytes());
         out.extend_from_slice(self.version.as_bytes());
-        out
     }
 
     pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
         let mut r = Reader { buf: body, pos: 0 };
+        let req = Self::read_from(&mut r)?;
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(req)
+    }
+
+    /// One body from where `r` stands (the fields say where it ends).
+    fn read_from(r: &mut Reader<'_>) -> Result<Self, FrameError> {
         let req_id = r.u64()?;
         let file_size = r.u64()?;
         let block_size = r.u64()?;
@@ -226,10 +251,62 @@ impl ReadBlockRequest {
         let len = r.u64()?;
         let path = r.string()?;
         let version = r.string()?;
+        Ok(Self { req_id, path, version, file_size, block_size, block_index, offset, len })
+    }
+}
+
+/// Most items one [`ReadMany`] carries.
+pub const MAX_READ_MANY_ITEMS: usize = 256;
+/// Largest [`ReadMany`] body: 256 items of short paths fit many times over; a client whose
+/// items have long paths sends fewer per request (see [`ReadMany::fits`]).
+pub const MAX_READ_MANY_BODY: usize = 1 << 20;
+
+/// Many block ranges asked in one request ([`Op::ReadMany`]): `count:u32`, then `count` read
+/// bodies as [`ReadBlockRequest`] encodes them, back to back (each says where it ends). At
+/// least one item and at most [`MAX_READ_MANY_ITEMS`]; the body at most
+/// [`MAX_READ_MANY_BODY`] bytes. Answered by one response frame per item, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadMany {
+    pub items: Vec<ReadBlockRequest>,
+}
+
+impl ReadMany {
+    /// Whether `next` can join items whose bodies take `body` bytes (and `count` of them)
+    /// without going over the limits.
+    pub fn fits(count: usize, body: usize, next: &ReadBlockRequest) -> bool {
+        count < MAX_READ_MANY_ITEMS && 4 + body + next.body_len() <= MAX_READ_MANY_BODY
+    }
+
+    /// The request frame. The caller keeps within the limits ([`fits`](Self::fits)); a worker
+    /// refuses a frame over them as malformed.
+    pub fn encode(&self) -> Vec<u8> {
+        let body_len = 4 + self.items.iter().map(ReadBlockRequest::body_len).sum::<usize>();
+        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len);
+        out.extend_from_slice(&request_header(Op::ReadMany, body_len));
+        out.extend_from_slice(&(self.items.len() as u32).to_le_bytes());
+        for item in &self.items {
+            item.write_body(&mut out);
+        }
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        if body.len() > MAX_READ_MANY_BODY {
+            return Err(FrameError::BodyTooLarge(body.len()));
+        }
+        let mut r = Reader { buf: body, pos: 0 };
+        let count = r.u32()? as usize;
+        if count == 0 || count > MAX_READ_MANY_ITEMS {
+            return Err(FrameError::Malformed);
+        }
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            items.push(ReadBlockRequest::read_from(&mut r)?);
+        }
         if r.pos != body.len() {
             return Err(FrameError::Malformed);
         }
-        Ok(Self { req_id, path, version, file_size, block_size, block_index, offset, len })
+        Ok(Self { items })
     }
 }
 
@@ -334,6 +411,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         14 => Op::HandOffBlock,
         16 => Op::PeerFetch,
         18 => Op::Copy,
+        17 => Op::ReadMany,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -352,6 +430,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::HandOffOffer => MAX_HANDOFF_OFFER_BODY,
         Op::HandOffBlock => 8 + 4 + MAX_BLOCK_KEY_LEN + crate::MAX_BLOCK_SIZE as usize,
         Op::Copy => MAX_COPY_BODY,
+        Op::ReadMany => MAX_READ_MANY_BODY,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
@@ -1349,6 +1428,57 @@ mod tests {
         assert!(CopyAnswer::decode(&[1; 8]).is_err());
     }
 
+    fn item(req_id: u64, path: &str) -> ReadBlockRequest {
+        ReadBlockRequest { req_id, path: path.into(), ..sample() }
+    }
+
+    #[test]
+    fn read_many_round_trips_in_order() {
+        let batch = ReadMany { items: vec![item(3, "/d/a"), sample(), item(1, "/d/ü/c")] };
+        let frame = batch.encode();
+        let header: [u8; REQUEST_HEADER_LEN] = frame[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::ReadMany, frame.len() - REQUEST_HEADER_LEN));
+        assert_eq!(ReadMany::decode_body(&frame[REQUEST_HEADER_LEN..]).unwrap(), batch);
+        // A trailing byte, a missing one, or a count that does not match the items is malformed.
+        let body = &frame[REQUEST_HEADER_LEN..];
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert_eq!(ReadMany::decode_body(&longer), Err(FrameError::Malformed));
+        assert_eq!(ReadMany::decode_body(&body[..body.len() - 1]), Err(FrameError::Malformed));
+        let mut fewer = body.to_vec();
+        fewer[..4].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(ReadMany::decode_body(&fewer), Err(FrameError::Malformed));
+    }
+
+    #[test]
+    fn read_many_over_its_limits_is_refused() {
+        let full = ReadMany { items: (0..MAX_READ_MANY_ITEMS as u64).map(|i| item(i + 1, "/d/f")).collect() };
+        assert_eq!(ReadMany::decode_body(&full.encode()[REQUEST_HEADER_LEN..]).unwrap().items.len(), 256);
+        let over =
+            ReadMany { items: (0..=MAX_READ_MANY_ITEMS as u64).map(|i| item(i + 1, "/d/f")).collect() };
+        assert_eq!(ReadMany::decode_body(&over.encode()[REQUEST_HEADER_LEN..]), Err(FrameError::Malformed));
+        assert_eq!(ReadMany::decode_body(&0u32.to_le_bytes()), Err(FrameError::Malformed), "no items");
+        // The header is refused before any body is read.
+        assert!(matches!(
+            decode_request_header(&request_header(Op::ReadMany, MAX_READ_MANY_BODY + 1)),
+            Err(FrameError::BodyTooLarge(_))
+        ));
+        assert!(ReadMany::decode_body(&vec![0; MAX_READ_MANY_BODY + 1]).is_err());
+        // `fits` keeps a client's batches inside both limits.
+        let long = item(1, &format!("/{}", "p".repeat(crate::path::MAX_PATH_LEN - 1)));
+        let (mut count, mut body) = (0, 0);
+        while ReadMany::fits(count, body, &long) {
+            count += 1;
+            body += long.body_len();
+        }
+        assert!(count > 0 && count < MAX_READ_MANY_ITEMS, "{count}");
+        let batch = ReadMany { items: vec![long; count] };
+        let frame = batch.encode();
+        assert!(frame.len() - REQUEST_HEADER_LEN <= MAX_READ_MANY_BODY);
+        assert_eq!(ReadMany::decode_body(&frame[REQUEST_HEADER_LEN..]).unwrap().items.len(), count);
+        assert!(!ReadMany::fits(MAX_READ_MANY_ITEMS, 0, &sample()));
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -1375,6 +1505,15 @@ mod tests {
             let size = if version.is_empty() { 0 } else { size };
             let req = CopyRequest { req_id, src, dst, version, size };
             prop_assert_eq!(CopyRequest::decode_body(&req.encode()[REQUEST_HEADER_LEN..]).unwrap(), req);
+        }
+
+        #[test]
+        fn arbitrary_read_many_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = ReadMany::decode_body(&body);
+            // The same bytes after a valid count, so decoding reaches the items.
+            let mut counted = 3u32.to_le_bytes().to_vec();
+            counted.extend_from_slice(&body);
+            let _ = ReadMany::decode_body(&counted);
         }
 
         #[test]

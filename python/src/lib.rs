@@ -27,7 +27,8 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use strata_client::{
-    ClientConfig, ClientError, FileInfo, PendingFile, Persist, PersistState, StrataReader, StrataWriter,
+    ClientConfig, ClientError, FileInfo, PendingFile, Persist, PersistState, ReadSpec, StrataReader,
+    StrataWriter,
 };
 use tokio::io::{AsyncReadExt, AsyncSeek};
 use tokio::runtime::Runtime;
@@ -386,7 +387,7 @@ impl Client {
         }
     }
 
-    /// Many ranges at once, fetched in parallel: a list of `bytes`.
+    /// Many ranges at once: a list of `bytes`, or the first error (as `cat_many` reads them).
     fn cat_ranges<'py>(
         &self,
         py: Python<'py>,
@@ -394,53 +395,37 @@ impl Client {
         starts: Vec<Option<i64>>,
         ends: Vec<Option<i64>>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        if paths.len() != starts.len() || paths.len() != ends.len() {
-            return Err(PyValueError::new_err("paths, starts and ends must have the same length"));
+        let read = self.read_ranges(py, paths, starts, ends)?;
+        let mut out = Vec::with_capacity(read.len());
+        for answer in read {
+            out.push(PyBytes::new(py, &answer.map_err(to_py)?));
         }
-        let infos = py.detach(|| {
-            self.shared.run(|rt, c, _| {
-                rt.block_on(async {
-                    let mut out = Vec::with_capacity(paths.len());
-                    for p in &paths {
-                        out.push(c.stat(p).await?);
-                    }
-                    Ok::<_, ClientError>(out)
-                })
-                .map_err(to_py)
-            })
-        })?;
-        let mut outs = Vec::with_capacity(paths.len());
-        let mut jobs = Vec::with_capacity(paths.len());
-        for (i, info) in infos.iter().enumerate() {
-            if info.is_dir {
-                return Err(PyIsADirectoryError::new_err(format!("is a directory: {}", info.path)));
-            }
-            let (offset, len) = byte_range(info.size, starts[i], ends[i]);
-            let b = PyBytes::new_with(py, len as usize, |_| Ok(()))?;
-            // SAFETY: the object was created just now and nothing else refers to it until we
-            // return it; PyBytes_AsString gives its (writable) storage of exactly `len` bytes.
-            let ptr = unsafe { pyo3::ffi::PyBytes_AsString(b.as_ptr()) } as usize;
-            jobs.push((i, offset, len, ptr));
-            outs.push(b);
+        Ok(out)
+    }
+
+    /// Many ranges at once (fsspec's `cat_ranges`, and `cat` of many paths): their stats in
+    /// `StatMany` calls, their bytes in `ReadMany` batches grouped by worker (the SDK's
+    /// `stat_many` and `read_many`). One entry per path, in order: its `bytes`, or the
+    /// exception reading it alone would raise, as an instance (not raised), so the caller
+    /// applies fsspec's `on_error`. `start`/`end` as for `cat`; a file that changed since its
+    /// stat is read again at its new version (an open-ended range to its new end).
+    fn cat_many<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<String>,
+        starts: Vec<Option<i64>>,
+        ends: Vec<Option<i64>>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let read = self.read_ranges(py, paths, starts, ends)?;
+        let mut out = Vec::with_capacity(read.len());
+        // One `Bytes` dropped as each `bytes` is made: the answers are held once, not twice.
+        for answer in read {
+            out.push(match answer {
+                Ok(bytes) => PyBytes::new(py, &bytes).into_any(),
+                Err(e) => to_py(e).into_value(py).into_bound(py).into_any(),
+            });
         }
-        py.detach(|| {
-            self.shared.run(|rt, c, _| {
-                rt.block_on(async {
-                    let tasks = jobs.iter().map(|&(i, offset, len, ptr)| {
-                        let info = &infos[i];
-                        async move {
-                            // SAFETY: see above; each job writes its own object, and the objects
-                            // outlive this block (they are in `outs`, held by this frame).
-                            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
-                            c.read_into(info, offset, buf).await
-                        }
-                    });
-                    futures_lite_join(tasks).await
-                })
-                .map_err(to_py)
-            })
-        })?;
-        Ok(outs)
+        Ok(out)
     }
 
     /// A seekable reader pinned to the current version of the file.
@@ -708,14 +693,48 @@ impl Client {
     }
 }
 
-/// Runs futures concurrently (bounded by the client's own per-read parallelism) and returns the
-/// first error.
-async fn futures_lite_join<F>(tasks: impl Iterator<Item = F>) -> Result<(), ClientError>
-where
-    F: std::future::Future<Output = Result<(), ClientError>>,
-{
-    use futures::{StreamExt, TryStreamExt};
-    futures::stream::iter(tasks).buffer_unordered(16).try_collect::<()>().await
+impl Client {
+    /// The ranges of `cat_many` (one answer per path, in order), read without the GIL.
+    fn read_ranges(
+        &self,
+        py: Python<'_>,
+        paths: Vec<String>,
+        starts: Vec<Option<i64>>,
+        ends: Vec<Option<i64>>,
+    ) -> PyResult<Vec<Result<bytes::Bytes, ClientError>>> {
+        if paths.len() != starts.len() || paths.len() != ends.len() {
+            return Err(PyValueError::new_err("paths, starts and ends must have the same length"));
+        }
+        py.detach(|| {
+            self.shared.run(|rt, c, _| {
+                Ok(rt.block_on(async {
+                    let asked: Vec<&str> = paths.iter().map(String::as_str).collect();
+                    let mut specs = Vec::with_capacity(paths.len());
+                    // Per path: the index of its read, or why it has none.
+                    let mut slots = Vec::with_capacity(paths.len());
+                    for (i, stat) in c.stat_many(&asked).await.into_iter().enumerate() {
+                        match stat {
+                            Ok(info) => {
+                                let (offset, len) = byte_range(info.size, starts[i], ends[i]);
+                                let len = if ends[i].is_none() { u64::MAX } else { len };
+                                slots.push(Ok(specs.len()));
+                                specs.push(ReadSpec { info, offset, len });
+                            }
+                            Err(e) => slots.push(Err(e)),
+                        }
+                    }
+                    let mut read: Vec<_> = c.read_many(&specs).await.into_iter().map(Some).collect();
+                    slots
+                        .into_iter()
+                        .map(|slot| match slot {
+                            Ok(k) => read[k].take().expect("one read per spec"),
+                            Err(e) => Err(e),
+                        })
+                        .collect()
+                }))
+            })
+        })
+    }
 }
 
 struct ReaderState {

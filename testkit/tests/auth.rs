@@ -32,6 +32,7 @@ const RPCS: &[(&str, Access)] = &[
     ("AddMount", Access::Admin),
     ("RemoveMount", Access::Admin),
     ("Stat", Access::Read),
+    ("StatMany", Access::Read),
     ("List", Access::Read),
     ("Find", Access::Read),
     ("GetBlockLocations", Access::Read),
@@ -82,6 +83,17 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
         }
         "RemoveMount" => c.remove_mount(RemoveMountRequest { path: "/data".into() }).await.map(drop),
         "Stat" => c.stat(strata_proto::StatRequest { path: p, sync: false }).await.map(drop),
+        // A path refused is that path's error in the answer: raised here as the call's.
+        "StatMany" => {
+            let answer = c.stat_many(strata_proto::StatManyRequest { paths: vec![p] }).await?.into_inner();
+            match answer.results.into_iter().next().and_then(|r| r.result) {
+                Some(strata_proto::stat_many_result::Result::Error(e)) => Err(strata_proto::status(
+                    ErrorKind::from_name(&e.kind).unwrap_or(ErrorKind::Internal),
+                    e.message,
+                )),
+                _ => Ok(()),
+            }
+        }
         "List" => c.list(ListRequest { path: "/data/b".into(), ..Default::default() }).await.map(drop),
         "Find" => c.find(FindRequest { path: "/data/b".into(), ..Default::default() }).await.map(drop),
         "GetBlockLocations" => {
@@ -338,6 +350,7 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
             WriteBegin { req_id: 5, path: "/data/b/f.bin".into(), write_back: None }.encode(),
             Access::Write,
         ),
+        ("ReadMany", frame::ReadMany { items: vec![read.clone()] }.encode(), Access::Read),
         ("Stat", frame::StatRequest { req_id: 5, path: "/data/b/f.bin".into() }.encode(), Access::Read),
         (
             "Copy",

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use strata_common::ErrorKind;
 use strata_common::frame::{
-    FileStat, Op, RESPONSE_HEADER_LEN, ReadBlockRequest, ResponseHeader, StatRequest, WriteBegin,
+    FileStat, Op, RESPONSE_HEADER_LEN, ReadBlockRequest, ReadMany, ResponseHeader, StatRequest, WriteBegin,
     request_header,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -437,4 +437,82 @@ async fn a_hand_off_takes_the_offered_blocks_it_has_room_for_and_refuses_the_res
     assert_eq!(head.status.err(), Some(ErrorKind::Unavailable), "a block not asked for is refused");
     assert!(!f.plane.blocks.cache().contains(&b));
     assert_eq!(receiver.received.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+/// A path's stat asked on `s`, which must succeed.
+async fn stat_of(s: &mut TcpStream, req_id: u64, path: &str) -> FileStat {
+    let (head, payload) = call(s, &StatRequest { req_id, path: path.into() }.encode()).await;
+    assert!(head.status.is_ok(), "{head:?}: {}", String::from_utf8_lossy(&payload));
+    FileStat::decode(&payload).unwrap()
+}
+
+/// A read of `path` as a client sends it after a stat: `len` bytes at `offset` of block `index`.
+fn read_of(req_id: u64, stat: &FileStat, index: u64, offset: u64, len: u64) -> ReadBlockRequest {
+    ReadBlockRequest {
+        req_id,
+        path: stat.path.clone(),
+        version: stat.version.clone(),
+        file_size: stat.size,
+        block_size: stat.block_size,
+        block_index: index,
+        offset,
+        len,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_many_answers_each_item_in_order_and_a_refused_or_missing_item_fails_alone() {
+    use strata_security::token::{Role, TokenRecord, TokenTable, generate};
+    let f = fixture(WorkerConfig::default());
+    let a: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::create_dir(f.dir.path().join("ok")).unwrap();
+    std::fs::write(f.dir.path().join("ok/a.bin"), &a).unwrap();
+    std::fs::write(f.dir.path().join("ok/b.bin"), b"small b").unwrap();
+    // A reader limited to /d/ok: /d/f.bin is outside its scope.
+    let token = generate();
+    let reader = TokenRecord::new(&token, Role::Reader, Some("/d/ok"), "", 0).unwrap();
+    f.plane.auth.set(crate::auth::Table {
+        epoch: 1,
+        enabled: true,
+        tokens: TokenTable::new([(reader.hash.clone(), reader.identity())]),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&frame::auth_request(&token)).await.unwrap();
+    let (sa, sb) = (stat_of(&mut s, 1, "/d/ok/a.bin").await, stat_of(&mut s, 2, "/d/ok/b.bin").await);
+    assert_eq!(sa.block_size, 1024);
+    let outside = FileStat { path: "/d/f.bin".into(), size: OLD.len() as u64, ..sb.clone() };
+    let missing = FileStat { path: "/d/ok/missing.bin".into(), ..sb.clone() };
+    let items = vec![
+        read_of(11, &sa, 1, 10, 100),
+        read_of(12, &outside, 0, 0, OLD.len() as u64),
+        read_of(13, &missing, 0, 0, 7),
+        read_of(14, &sb, 0, 0, 7),
+        read_of(15, &sa, 2, 0, 3000 - 2048),
+    ];
+    s.write_all(&ReadMany { items }.encode()).await.unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        answers.push(response(&mut s).await);
+    }
+    let ids: Vec<u64> = answers.iter().map(|(h, _)| h.req_id).collect();
+    assert_eq!(ids, vec![11, 12, 13, 14, 15], "one answer per item, in the order asked");
+    assert_eq!(answers[0].1, &a[1024 + 10..1024 + 110]);
+    assert_eq!(answers[1].0.status, Err(ErrorKind::PermissionDenied), "{:?}", answers[1]);
+    assert_eq!(answers[2].0.status, Err(ErrorKind::NotFound), "{}", String::from_utf8_lossy(&answers[2].1));
+    assert_eq!(answers[3].1, b"small b");
+    assert_eq!(answers[4].1, &a[2048..]);
+    assert!(answers[0].0.status.is_ok() && answers[3].0.status.is_ok() && answers[4].0.status.is_ok());
+
+    // The connection stays in step: an ordinary read follows on it.
+    let (head, payload) = call(&mut s, &read_of(16, &sb, 0, 6, 1).encode()).await;
+    assert_eq!((head.req_id, payload.as_slice()), (16, &b"b"[..]), "{head:?}");
+    // A batch of no items is malformed: rejected under request id 0, and the connection closes.
+    let mut empty = request_header(Op::ReadMany, 4).to_vec();
+    empty.extend_from_slice(&0u32.to_le_bytes());
+    let (head, _) = call(&mut s, &empty).await;
+    assert_eq!((head.req_id, head.status), (0, Err(ErrorKind::BadFrame)));
+    tokio::time::timeout(Duration::from_secs(10), closed(&mut s)).await.expect("closed");
 }
