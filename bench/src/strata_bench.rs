@@ -83,6 +83,15 @@ struct Args {
     /// Write every figure as JSON to this file too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// For each random-read configuration, print when its slow requests (over 10 ms) started,
+    /// grouped into bursts, next to the lateness of a 1 ms timer on the runtime and on a plain
+    /// thread: a burst both timers saw is the whole process (or the VM) stalling, one only the
+    /// runtime timer saw is a runtime thread blocked, one neither saw is inside the read path.
+    #[arg(long)]
+    tail_probe: bool,
+    /// Only the sequential rows and the random reads (no small files, TLS or short-circuit).
+    #[arg(long)]
+    random_only: bool,
 }
 
 /// One line of the report: a Strata figure next to its ceiling.
@@ -196,10 +205,19 @@ async fn main() {
     for len in [4 * KIB, 64 * KIB, MIB] {
         for concurrency in [1usize, 8, 64] {
             eprintln!("random {} KiB reads at concurrency {concurrency}", len / KIB);
+            let probe = args.tail_probe.then(|| TimerProbe::start(run_for));
             let strata = random_reads(&client, &info, len, concurrency, run_for, false).await;
+            if let Some(probe) = probe {
+                probe.report(&strata).await;
+            }
             let ceiling = pread_ceiling(&local, size, len, concurrency, run_for);
             rows.push(random_row(format!("random {} KiB x{concurrency}", len / KIB), &strata, &ceiling));
         }
+    }
+
+    if args.random_only {
+        print_table(&args, readahead, &rows);
+        return;
     }
 
     eprintln!("{} small files of {} KiB", args.small_files, args.small_kib);
@@ -466,6 +484,83 @@ async fn seq_read(client: &Client, path: &str, size: u64) -> Duration {
 struct Latencies {
     micros: Vec<u32>,
     took: Duration,
+    /// (start since the run began, latency) of every request over [`SLOW_US`], µs.
+    slow: Vec<(u32, u32)>,
+}
+
+/// What `--tail-probe` calls a slow request.
+const SLOW_US: u32 = 10_000;
+/// Timer lateness worth reporting.
+const LATE: Duration = Duration::from_millis(5);
+
+/// A 1 ms timer on the runtime and one on a plain thread, each recording when it woke late.
+struct TimerProbe {
+    runtime: tokio::task::JoinHandle<Vec<(u32, u32)>>,
+    thread: std::thread::JoinHandle<Vec<(u32, u32)>>,
+}
+
+impl TimerProbe {
+    fn start(run_for: Duration) -> Self {
+        let started = Instant::now();
+        let late = move |slept: Instant| {
+            let over = slept.elapsed().saturating_sub(Duration::from_millis(1));
+            (over > LATE).then(|| ((slept - started).as_micros() as u32, over.as_micros() as u32))
+        };
+        let runtime = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while started.elapsed() < run_for {
+                let t = Instant::now();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                seen.extend(late(t));
+            }
+            seen
+        });
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while started.elapsed() < run_for {
+                let t = Instant::now();
+                std::thread::sleep(Duration::from_millis(1));
+                seen.extend(late(t));
+            }
+            seen
+        });
+        Self { runtime, thread }
+    }
+
+    async fn report(self, reads: &Latencies) {
+        let runtime = self.runtime.await.expect("runtime probe");
+        let thread = self.thread.join().expect("thread probe");
+        // Requests that started within 2 ms of each other's start are one burst.
+        let mut bursts: Vec<(u32, u32, u32)> = Vec::new(); // (first start, count, worst latency)
+        let mut slow = reads.slow.clone();
+        slow.sort_unstable();
+        for (at, lat) in slow {
+            match bursts.last_mut() {
+                Some((first, n, worst)) if at <= *first + 2_000 + *worst => {
+                    *n += 1;
+                    *worst = (*worst).max(lat);
+                }
+                _ => bursts.push((at, 1, lat)),
+            }
+        }
+        let ms = |us: u32| format!("{:.1}", us as f64 / 1000.0);
+        let list = |v: &[(u32, u32)]| {
+            v.iter().map(|(at, l)| format!("{}+{}", ms(*at), ms(*l))).collect::<Vec<_>>().join(" ")
+        };
+        eprintln!(
+            "  slow (>{} ms): {} of {}; bursts (start ms, requests, worst ms): {}",
+            SLOW_US / 1000,
+            reads.slow.len(),
+            reads.micros.len(),
+            bursts
+                .iter()
+                .map(|(at, n, w)| format!("{}:{}x{}", ms(*at), n, ms(*w)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        eprintln!("  runtime timer late (at+late ms): {}", list(&runtime));
+        eprintln!("  thread timer late (at+late ms): {}", list(&thread));
+    }
 }
 
 impl Latencies {
@@ -501,6 +596,7 @@ async fn random_reads(
             let info = info.clone();
             tokio::spawn(async move {
                 let mut micros = Vec::new();
+                let mut slow = Vec::new();
                 let mut buf = vec![0u8; if copy_out { len as usize } else { 0 }];
                 while started.elapsed() < run_for {
                     let offset = rand::rng().random_range(0..info.size - len);
@@ -509,18 +605,25 @@ async fn random_reads(
                     if copy_out {
                         buf.copy_from_slice(&bytes);
                     }
-                    micros.push(t.elapsed().as_micros() as u32);
+                    let us = t.elapsed().as_micros() as u32;
+                    micros.push(us);
+                    if us > SLOW_US {
+                        slow.push(((t - started).as_micros() as u32, us));
+                    }
                     assert_eq!(bytes.len() as u64, len);
                 }
-                micros
+                (micros, slow)
             })
         })
         .collect();
     let mut micros = Vec::new();
+    let mut slow = Vec::new();
     for t in tasks {
-        micros.extend(t.await.expect("reader task"));
+        let (m, s) = t.await.expect("reader task");
+        micros.extend(m);
+        slow.extend(s);
     }
-    Latencies { micros, took: started.elapsed() }
+    Latencies { micros, took: started.elapsed(), slow }
 }
 
 /// The same random reads as `pread` on a page-cached local file, one thread per reader.
@@ -547,7 +650,7 @@ fn pread_ceiling(path: &Path, size: u64, len: u64, concurrency: usize, run_for: 
     for t in threads {
         micros.extend(t.join().expect("pread thread"));
     }
-    Latencies { micros, took: started.elapsed() }
+    Latencies { micros, took: started.elapsed(), slow: Vec::new() }
 }
 
 async fn put_small(op: &opendal::Operator, names: &[String], len: u64) {
