@@ -217,6 +217,7 @@ async fn main() {
 
     if args.random_only {
         print_table(&args, readahead, &rows);
+        write_json(&args, readahead, &rows, json!({"loopback_tcp_mib_s": mib_s(size, tcp)}));
         return;
     }
 
@@ -530,7 +531,8 @@ impl TimerProbe {
     async fn report(self, reads: &Latencies) {
         let runtime = self.runtime.await.expect("runtime probe");
         let thread = self.thread.join().expect("thread probe");
-        // Requests that started within 2 ms of each other's start are one burst.
+        // A request that started while the burst's first one was still waiting (or within 2 ms
+        // after it ended) joins that burst: one stall delays every request in flight.
         let mut bursts: Vec<(u32, u32, u32)> = Vec::new(); // (first start, count, worst latency)
         let mut slow = reads.slow.clone();
         slow.sort_unstable();
