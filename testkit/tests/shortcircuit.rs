@@ -229,7 +229,7 @@ async fn a_mapped_block_keeps_its_bytes_after_eviction_and_after_the_sidecar_is_
     .await;
 
     let mut mapped = Vec::new();
-    for sidecar in [&dram, &nvme] {
+    for (tier, sidecar) in [("dram", &dram), ("nvme", &nvme)] {
         let client = client(&cluster, &sidecar.socket_path, true).await;
         let warm = client.read_all("/data/sc/a.bin").await.unwrap();
         sidecar.blocks.flush().await;
@@ -246,7 +246,8 @@ async fn a_mapped_block_keeps_its_bytes_after_eviction_and_after_the_sidecar_is_
         assert_eq!(
             sidecar.blocks.counters().upstream_reads,
             fetched + 1,
-            "a.bin was evicted, so it was fetched again"
+            "{tier}: a.bin was evicted, so it was fetched again (tiers now: {:?})",
+            sidecar.blocks.cache().tier_usage()
         );
         assert!(held[..] == a[100..MIB - 100], "the mapped block changed after eviction");
         mapped.push(held);
