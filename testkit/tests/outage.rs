@@ -124,9 +124,14 @@ async fn a_new_client_starts_from_a_workers_view_and_reads_during_the_outage() {
     // The worker learns the mount added after it registered with its next heartbeats.
     let mut dead_master = bootstrap_config(&cluster, vec![worker.clone()]);
     dead_master.master_addr = "127.0.0.1:1".into();
-    eventually("the worker's view has the mount", Duration::from_secs(10), || async {
+    // And every worker: the last to register may be missing from the view an earlier one got
+    // at registration until a heartbeat brings the new epoch.
+    eventually("the worker's view has the mount and every worker", Duration::from_secs(10), || async {
         match Client::connect(dead_master.clone()).await {
-            Ok(c) => c.read_all("/data/warm.bin").await.is_ok(),
+            Ok(c) => {
+                c.read_all("/data/warm.bin").await.is_ok()
+                    && c.ring().await.is_ok_and(|r| r.members().len() == 3)
+            }
             Err(_) => false,
         }
     })
@@ -136,7 +141,8 @@ async fn a_new_client_starts_from_a_workers_view_and_reads_during_the_outage() {
     let ufs_reads = cluster.ufs_reads();
     let started = Client::connect(bootstrap_config(&cluster, vec![worker])).await.unwrap();
     assert_eq!(started.outage_counters().started_from_worker, 1);
-    assert_eq!(started.ring().await.unwrap().members().len(), 3, "the whole membership, from one worker");
+    let ring = started.ring().await.unwrap();
+    assert_eq!(ring.members().len(), 3, "the whole membership, from one worker: {:?}", ring.members());
     assert_eq!(started.read_all("/data/warm.bin").await.unwrap(), data);
     assert_eq!(cluster.ufs_reads(), ufs_reads, "served from the workers' caches");
     let err = started.list("/data").await.unwrap_err();
