@@ -162,7 +162,10 @@ fn spawn_gated(
     gate: Gate,
     cancel: CancellationToken,
 ) -> JoinHandle<()> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    // Without TCP_NODELAY (tonic leaves it unset on an accepted socket) a small answer waits
+    // for the client's delayed ACK: every master call took ~40 ms, and each client's periodic
+    // membership refresh stalled its reads for that long (strata-bench --tail-probe).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tokio::spawn(async move {
         let result =
             server.add_service(gate).serve_with_incoming_shutdown(incoming, cancel.cancelled_owned()).await;

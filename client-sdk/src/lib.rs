@@ -349,6 +349,11 @@ struct Inner {
     /// Short-circuit reads through the sidecar's socket, when enabled.
     short_circuit: Option<shortcircuit::ShortCircuit>,
     view: RwLock<View>,
+    /// Held while a stale view is refreshed, so concurrent readers wait for one refresh
+    /// instead of each calling the master (64 readers made 64 call pairs at once).
+    refreshing: tokio::sync::Mutex<()>,
+    /// Refreshes attempted (failed ones too): a reader that waited behind one does not try again.
+    refresh_attempts: std::sync::atomic::AtomicU64,
     stats: Mutex<HashMap<String, (Instant, FileInfo)>>,
     failovers: std::sync::atomic::AtomicU64,
     hedges: std::sync::atomic::AtomicU64,
@@ -649,6 +654,8 @@ impl Client {
                 sidecar,
                 short_circuit,
                 view: RwLock::new(view),
+                refreshing: tokio::sync::Mutex::new(()),
+                refresh_attempts: Default::default(),
                 stats: Mutex::new(stats),
                 failovers: Default::default(),
                 hedges: Default::default(),
@@ -735,10 +742,23 @@ impl Client {
     }
 
     async fn fresh_view(&self) -> Result<()> {
-        let fetched = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).fetched;
-        let stale = self.inner.config.clock.now().saturating_duration_since(fetched)
-            > self.inner.config.membership_refresh;
-        if stale && let Err(e) = self.refresh_view_with(true).await {
+        let stale = || {
+            let fetched = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).fetched;
+            self.inner.config.clock.now().saturating_duration_since(fetched)
+                > self.inner.config.membership_refresh
+        };
+        if !stale() {
+            return Ok(());
+        }
+        use std::sync::atomic::Ordering::Relaxed;
+        let attempts = self.inner.refresh_attempts.load(Relaxed);
+        let _one_refresh = self.inner.refreshing.lock().await;
+        // Another reader refreshed it (or tried, and the master is away) while this one waited.
+        if self.inner.refresh_attempts.load(Relaxed) != attempts || !stale() {
+            return Ok(());
+        }
+        self.inner.refresh_attempts.fetch_add(1, Relaxed);
+        if let Err(e) = self.refresh_view_with(true).await {
             // Cached reads go on while the master is away: keep the last view (an outage is
             // logged once, by `outage`).
             if e.is_master_outage() {
