@@ -335,6 +335,9 @@ impl JobRunner {
         let resolved = self.metadata.resolve(&record.path).map_err(|e| e.to_string())?;
         let (mount, root) = (resolved.mount, resolved.rel);
         let replicas = s.replicas.max(1) as usize;
+        // Plan on the membership as it is now, not as the last tick saw it: a worker that
+        // registered since would otherwise be missing, and its blocks loaded on the others.
+        self.sync_ring();
         let mut listing = mount.ufs.list_recursive(&root, record.cursor.as_deref());
         // Pacing the store's writes is not a decision about the job: real time, like any wait.
         let mut last_persist = Instant::now();

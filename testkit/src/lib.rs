@@ -172,11 +172,18 @@ impl Cluster {
             tls: opts.tls,
             nvme_disks,
         };
+        // Peer fetch connects once every worker is live, so each worker's first view of the
+        // cluster holds all of them: a worker whose peer client still lacked the last one
+        // (until its next refresh) would send a second replica's fetch to a worker that is no
+        // owner, which then caches a third copy.
         for i in 0..opts.workers {
-            let w = cluster.spawn_worker(i).await;
+            let w = cluster.start_worker(i).await;
             cluster.workers.push(Some(w));
         }
         cluster.wait_for_live_workers(opts.workers).await;
+        for i in 0..opts.workers {
+            cluster.connect_peers(i).await;
+        }
         let client = cluster.client().await;
         let options: HashMap<String, String> =
             cluster.ufs.mount_options().into_iter().chain(opts.mount_options).collect();
@@ -199,10 +206,26 @@ impl Cluster {
 
     /// Worker `i`, with peer fetch as `strata worker` has it.
     async fn spawn_worker(&self, i: usize) -> WorkerHandle {
-        let config = self.worker_configs[i].clone();
+        let handle = self.start_worker(i).await;
+        self.attach_peers(i, &handle).await;
+        handle
+    }
+
+    /// Worker `i` without peer fetch (see [`attach_peers`](Self::attach_peers)), as [`start_with`](Self::start_with) starts them.
+    async fn start_worker(&self, i: usize) -> WorkerHandle {
+        Worker::start(self.worker_configs[i].clone(), self.factory.clone()).await.expect("worker starts")
+    }
+
+    async fn connect_peers(&self, i: usize) {
+        let handle = self.workers[i].as_ref().expect("a running worker");
+        self.attach_peers(i, handle).await;
+    }
+
+    /// Gives worker `i` peer fetch as `strata worker` has it.
+    async fn attach_peers(&self, i: usize, handle: &WorkerHandle) {
+        let config = &self.worker_configs[i];
         let token = config.resolve_token().expect("worker token");
         let tls = self.tls.as_ref().map(|t| t.pki.client()).unwrap_or_default();
-        let handle = Worker::start(config.clone(), self.factory.clone()).await.expect("worker starts");
         let peers = strata_client::PeerUpstream::connect(
             &config.master_addr,
             &handle.worker_id,
@@ -215,7 +238,6 @@ impl Cluster {
         let peers = Arc::new(peers);
         handle.blocks.set_upstream(peers.clone());
         handle.handoff.set_peer_link(peers);
-        handle
     }
 
     /// The cluster as a sidecar's upstream, presenting `token`, with this harness's client

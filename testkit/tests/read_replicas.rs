@@ -280,3 +280,20 @@ async fn concurrent_cold_reads_through_both_replicas_read_the_ufs_once() {
         "each reader asked its own node first"
     );
 }
+
+/// A load submitted right after a worker joined plans on the ring with that worker (the
+/// master's job table used to follow membership only on its 100 ms tick, so a job listed
+/// in between put the new worker's blocks on the others).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_submitted_as_a_worker_joins_puts_each_block_on_its_owners() {
+    let mut cluster = Cluster::start(ClusterOptions { workers: 2, ..options(&[]) }).await;
+    let joined = cluster.add_worker().await;
+    let client = cluster.client().await;
+    let files = place(&cluster, &client, "join", 24).await;
+    warm(&client, "/data/join", 2).await;
+    let held = |i: usize| cluster.worker(i).blocks.cache().held_blocks().len();
+    for i in 0..3 {
+        let owned = files.iter().filter(|f| f.owners[..2].contains(&i)).count();
+        assert_eq!(held(i), owned, "worker {i} (joined last: {}) holds the blocks it owns", i == joined);
+    }
+}
