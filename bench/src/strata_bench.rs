@@ -193,24 +193,18 @@ async fn main() {
         ceiling: mib_s(size, direct),
         extra: json!({}),
     });
-    rows.push(Row {
-        name: format!("sequential {} MiB warm", args.size_mib),
+    let warm_row = |how: &str, took: Duration, extra: Value| Row {
+        name: format!("sequential {} MiB warm{how}", args.size_mib),
         unit: "MiB/s",
-        value: mib_s(size, warm_best),
+        value: mib_s(size, took),
         ceiling_name: "loopback TCP stream",
         ceiling: mib_s(size, tcp),
-        extra: json!({"page_cache_read_mib_s": mib_s(size, page_cache)}),
-    });
+        extra,
+    };
+    rows.push(warm_row("", warm_best, json!({"page_cache_read_mib_s": mib_s(size, page_cache)})));
     // `read` copies each block into the caller's buffer once more than the ceiling's receiver
     // does; `next_chunk` hands out the received block as it is, as the ceiling keeps its bytes.
-    rows.push(Row {
-        name: format!("sequential {} MiB warm, next_chunk", args.size_mib),
-        unit: "MiB/s",
-        value: mib_s(size, chunks_best),
-        ceiling_name: "loopback TCP stream",
-        ceiling: mib_s(size, tcp),
-        extra: json!({}),
-    });
+    rows.push(warm_row(", next_chunk", chunks_best, json!({})));
 
     if args.tls_rounds > 0 {
         rows.extend(tls_rows(&args, &cluster, &client, size, tcp).await);
@@ -424,8 +418,6 @@ async fn timed<F: std::future::Future<Output = ()>>(f: F) -> Duration {
     started.elapsed()
 }
 
-/// One stream over 127.0.0.1 between two tasks, 1 MiB writes and reads: the most a TCP data
-/// plane can move here.
 /// The loopback TCP ceiling: the best of two tokio task pairs and two plain thread pairs with
 /// 4 MiB writes (either can be the faster on this VM from one run to the next).
 async fn tcp_ceiling(size: u64) -> Duration {
@@ -466,6 +458,7 @@ fn thread_pair(size: u64) -> Duration {
     took
 }
 
+/// One stream over 127.0.0.1 between two tasks, 1 MiB writes and reads.
 async fn tokio_pair(size: u64) -> Duration {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
