@@ -109,7 +109,7 @@ async fn report(addr: String, worker_token: String, args: Args, w: u64) -> anyho
             data_addr: format!("127.0.0.1:{}", 40000 + w),
             http_addr: String::new(),
             tiers: Vec::new(),
-            node: String::new(),
+            ..Default::default()
         })
         .await?;
     let mut sent = 0u64;

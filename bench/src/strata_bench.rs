@@ -14,7 +14,8 @@
 //! - random reads of 4 KiB, 64 KiB and 1 MiB at concurrency 1, 8, 64 on the warm file (vs
 //!   `pread` of the same sizes at the same concurrency from a page-cached local file);
 //! - many small files, cold and warm (vs direct opendal reads of the same files);
-//! - short-circuit reads from a co-located sidecar (an in-process sidecar worker on a Unix
+//! - short-circuit reads from the cluster's workers through the sockets they advertise, and
+//!   from a co-located sidecar (an in-process sidecar worker on a Unix
 //!   socket, blocks in its DRAM tier or on its NVMe tier, the client mapping the descriptors it
 //!   passes): warm sequential and random reads vs the same page-cache ceilings, next to the
 //!   framed read through the same socket. Random short-circuit answers are copied into the
@@ -164,10 +165,13 @@ async fn main() {
             ("block_size".into(), format!("{}MiB", args.block_mib)),
             ("metadata_ttl".into(), "1h".into()),
         ],
+        // For the co-located row; the TCP rows' client turns short-circuit off.
+        local_sockets: !args.no_short_circuit,
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(opts, ufs).await;
     let mut config = cluster.client_config();
+    config.short_circuit = false;
     if let Some(blocks) = args.readahead {
         config.readahead_blocks = blocks;
     }
@@ -771,6 +775,33 @@ async fn short_circuit_rows(
     page_cache: Duration,
     rows: &mut Vec<Row>,
 ) {
+    // The cluster's own workers, found through the sockets they advertise: no sidecar.
+    let mut config = cluster.client_config();
+    config.short_circuit = true;
+    config.short_circuit_cache_bytes = size + 256 * MIB;
+    if let Some(blocks) = args.readahead {
+        config.readahead_blocks = blocks;
+    }
+    let co_located = Client::connect(config).await.expect("connect");
+    eprintln!("short-circuit from the cluster's workers on this host: warm sequential reads");
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        best = best.min(seq_read(&co_located, "/data/big.bin", size).await);
+    }
+    assert!(co_located.short_circuit_reads() > 0, "the workers' sockets were not used");
+    rows.push(Row {
+        name: format!(
+            "sequential {} MiB warm, short-circuit from co-located workers, kept mappings",
+            args.size_mib
+        ),
+        unit: "MiB/s",
+        value: mib_s(size, best),
+        ceiling_name: "page-cache read",
+        ceiling: mib_s(size, page_cache),
+        extra: json!({}),
+    });
+    drop(co_located);
+
     let dir = tempfile::tempdir().expect("sidecar dir");
     for tier in ["dram", "nvme"] {
         let mut config = WorkerConfig {

@@ -19,6 +19,8 @@ pub struct WorkerRecord {
     pub http_addr: String,
     /// The node it runs on, as it reported (empty when not configured).
     pub node: String,
+    /// Its Unix socket for processes on its host (empty when it serves none).
+    pub local_socket: String,
     pub last_heartbeat: Instant,
     pub live: bool,
     /// Live but leaving (`strata worker --drain`): off the ring, still serving its peers.
@@ -39,12 +41,21 @@ pub struct WorkerEntry {
     /// Empty when the worker reported none, or was stored by a master that predates nodes.
     #[serde(default)]
     pub node: String,
+    /// Empty when the worker serves no local socket, or was stored by a master before them.
+    #[serde(default)]
+    pub local_socket: String,
 }
 
 impl WorkerEntry {
     /// A worker on no particular node.
     pub fn new(id: &str, data_addr: &str, http_addr: &str) -> Self {
-        Self { id: id.into(), data_addr: data_addr.into(), http_addr: http_addr.into(), node: String::new() }
+        Self {
+            id: id.into(),
+            data_addr: data_addr.into(),
+            http_addr: http_addr.into(),
+            node: String::new(),
+            local_socket: String::new(),
+        }
     }
 }
 
@@ -66,12 +77,14 @@ impl Membership {
         self.epoch
     }
 
-    /// Adds or refreshes a worker. The epoch moves when the live set, an address or a node
-    /// changes (clients read the node from the membership to choose local replicas).
+    /// Adds or refreshes a worker. The epoch moves when the live set, an address, a node or a
+    /// local socket changes (clients read both from the membership to choose local replicas).
     pub fn register(&mut self, entry: &WorkerEntry, now: Instant) -> u64 {
-        let WorkerEntry { id, data_addr, http_addr, node } = entry;
+        let WorkerEntry { id, data_addr, http_addr, node, local_socket } = entry;
         let changed = match self.workers.get(id) {
-            Some(w) => !w.live || w.data_addr != *data_addr || w.node != *node,
+            Some(w) => {
+                !w.live || w.data_addr != *data_addr || w.node != *node || w.local_socket != *local_socket
+            }
             None => true,
         };
         let record = self.workers.entry(id.to_string()).or_insert_with(|| WorkerRecord {
@@ -79,6 +92,7 @@ impl Membership {
             data_addr: String::new(),
             http_addr: String::new(),
             node: String::new(),
+            local_socket: String::new(),
             last_heartbeat: now,
             live: true,
             draining: false,
@@ -89,6 +103,7 @@ impl Membership {
         record.data_addr = data_addr.to_string();
         record.http_addr = http_addr.to_string();
         record.node = node.to_string();
+        record.local_socket = local_socket.to_string();
         record.last_heartbeat = now;
         record.live = true;
         // A draining worker that registers again (a new master) says so in its next beat.
@@ -162,7 +177,12 @@ impl Membership {
         self.workers
             .values()
             .filter(|w| w.live && !w.draining)
-            .map(|w| Member { id: w.id.clone(), data_addr: w.data_addr.clone(), node: w.node.clone() })
+            .map(|w| Member {
+                id: w.id.clone(),
+                data_addr: w.data_addr.clone(),
+                node: w.node.clone(),
+                local_socket: w.local_socket.clone(),
+            })
             .collect()
     }
 

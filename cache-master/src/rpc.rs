@@ -79,6 +79,7 @@ impl MasterRpc for Rpc {
                 id: w.id,
                 data_addr: w.data_addr,
                 node: w.node,
+                local_socket: w.local_socket,
             })
             .collect();
         Ok(Response::new(pb::Membership { epoch, workers }))
@@ -365,6 +366,7 @@ impl MasterRpc for Rpc {
             data_addr: req.data_addr,
             http_addr: req.http_addr,
             node: req.node,
+            local_socket: req.local_socket,
         };
         let epoch = self.cluster.register(entry).map_err(status(RPC))?;
         Ok(Response::new(pb::RegisterWorkerResponse {
@@ -842,6 +844,7 @@ impl Rpc {
                 data_addr: m.data_addr.clone(),
                 suspect: false,
                 node: m.node.clone(),
+                local_socket: m.local_socket.clone(),
             })
             .collect();
         status.persist = persist_state(view.state) as i32;

@@ -69,7 +69,7 @@ impl Fixture {
             data_addr: "127.0.0.1:1".into(),
             http_addr: String::new(),
             tiers: Vec::new(),
-            node: String::new(),
+            ..Default::default()
         };
         self.worker.register_worker(req).await.unwrap();
     }

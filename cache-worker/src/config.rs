@@ -48,7 +48,10 @@ pub struct WorkerConfig {
     /// processes of this pod only, never join the cluster's ring, and fetch misses from the
     /// cluster's workers before the UFS. Default false.
     pub sidecar: bool,
-    /// Unix socket a sidecar serves on (`--socket`); required in sidecar mode, unused otherwise.
+    /// Unix socket (`--socket`): the only data plane of a sidecar (required in sidecar mode);
+    /// for a cluster worker, a second data plane beside TCP for processes on its host. The
+    /// worker advertises it in the membership, so clients on the host find it themselves and
+    /// read its blocks by mapping the descriptors it passes (short-circuit). Default: none.
     pub socket_path: Option<PathBuf>,
     /// File holding the token (role `worker`) this worker presents to the master and to other
     /// workers (`--token-file`; `STRATA_TOKEN` gives it directly). Without one, the master must

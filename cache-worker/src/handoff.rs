@@ -259,7 +259,7 @@ fn ring_of(view: &LastView, me: &str) -> Option<(Ring, bool)> {
     let members: Vec<Member> = membership
         .workers
         .into_iter()
-        .map(|w| Member { id: w.id, data_addr: w.data_addr, node: w.node })
+        .map(|w| Member { id: w.id, data_addr: w.data_addr, node: w.node, local_socket: w.local_socket })
         .collect();
     let on = members.iter().any(|w| w.id == me);
     Some((Ring::new(membership.epoch, members, DEFAULT_VNODES), on))

@@ -39,7 +39,7 @@ pub mod view;
 pub mod writeback;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +99,9 @@ pub struct WorkerHandle {
     pub pins: Arc<pins::PinSet>,
     /// Hand-off of blocks to their new owners (ring changes, drains).
     pub handoff: HandOff,
+    /// The Unix socket it serves processes on its host at (`WorkerConfig::socket_path`, made
+    /// absolute), removed when it stops.
+    pub local_socket: Option<PathBuf>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -111,6 +114,9 @@ impl WorkerHandle {
         for task in self.tasks {
             task.abort();
             let _ = task.await;
+        }
+        if let Some(path) = &self.local_socket {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -322,7 +328,7 @@ impl Worker {
             worker_id: worker_id.clone(),
         }));
         blocks.set_journal(writeback.journal().clone());
-        let view = Arc::new(view::LastView::default());
+        let view = Arc::new(view::LastView::new(worker_id.clone()));
         let auth = master_link::learn_tokens(&master, &worker_id).await;
         let connections = Arc::new(dataplane::Connections::from_config(&config));
         let pins = pins::PinSet::new();
@@ -342,10 +348,26 @@ impl Worker {
             writeback: Some(writeback.clone()),
             handoff: Some(handoff.receiver.clone()),
         };
-        let dp = match server_tls {
+        // Bound before the TCP plane starts, so a bad socket path fails the start cleanly.
+        let local = match &config.socket_path {
+            Some(path) => {
+                let path = std::path::absolute(path)
+                    .map_err(|source| WorkerError::Socket { path: path.display().to_string(), source })?;
+                let listener = sidecar::bind_socket(&path, config.socket_group.as_deref())?;
+                Some((path, listener))
+            }
+            None => None,
+        };
+        let mut local_socket = None;
+        let mut tasks = Vec::new();
+        if let Some((path, listener)) = local {
+            tasks.push(tokio::spawn(dataplane::serve_unix(listener, plane.clone(), cancel.clone())));
+            local_socket = Some(path);
+        }
+        tasks.push(match server_tls {
             Some(tls) => tokio::spawn(dataplane::serve_tls(listener, tls, plane, cancel.clone())),
             None => tokio::spawn(dataplane::serve(listener, plane, cancel.clone())),
-        };
+        });
         let (http_addr, http_task) = serve_ops(config.http_addr, &blocks).await?;
 
         let identity = master_link::Identity {
@@ -353,6 +375,7 @@ impl Worker {
             data_addr: format!("{host}:{}", data_addr.port()),
             http_addr: http_addr.to_string(),
             node: config.node.clone().unwrap_or_default(),
+            local_socket: local_socket.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
         };
         let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
         pins.install(&tiers);
@@ -397,7 +420,7 @@ impl Worker {
         let link = tokio::spawn(master_link::run(master.clone(), identity, linked, clock, cancel.clone()));
         let loader = tokio::spawn(loader::run(master, worker_id.clone(), blocks.clone(), cancel.clone()));
         let writeback = spawn_writeback(&blocks, &cancel);
-        info!(worker = %worker_id, %data_addr, %http_addr, node = config.node.as_deref().unwrap_or(""), nvme_dir = %config.nvme_dir().display(), "worker started");
+        info!(worker = %worker_id, %data_addr, %http_addr, node = config.node.as_deref().unwrap_or(""), local_socket = ?local_socket, nvme_dir = %config.nvme_dir().display(), "worker started");
         Ok(WorkerHandle {
             worker_id,
             data_addr,
@@ -407,8 +430,12 @@ impl Worker {
             connections,
             pins,
             handoff,
+            local_socket,
             cancel,
-            tasks: vec![dp, http_task, link, loader, writeback, upkeep_task, handing_off],
+            tasks: {
+                tasks.extend([http_task, link, loader, writeback, upkeep_task, handing_off]);
+                tasks
+            },
         })
     }
 }

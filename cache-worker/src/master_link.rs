@@ -42,6 +42,8 @@ pub struct Identity {
     pub http_addr: String,
     /// Empty when not configured.
     pub node: String,
+    /// Absolute path of its Unix socket for processes on its host; empty when none.
+    pub local_socket: String,
 }
 
 /// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
@@ -300,6 +302,7 @@ pub async fn run(
                 http_addr: id.http_addr.clone(),
                 tiers: tiers.iter().map(|t| usage(t.as_ref())).collect(),
                 node: id.node.clone(),
+                local_socket: id.local_socket.clone(),
             };
             match client.register_worker(req).await {
                 Ok(resp) => {

@@ -92,7 +92,7 @@ pub async fn start_with_clock(
         worker_id: worker_id.clone(),
     }));
     blocks.mounts().refresh().await;
-    let view = Arc::new(crate::view::LastView::default());
+    let view = Arc::new(crate::view::LastView::new(worker_id.clone()));
     master_link::refresh_view(&master, &view, &clock).await;
     let auth = master_link::learn_tokens(&master, &worker_id).await;
 
@@ -153,9 +153,21 @@ pub async fn start_with_clock(
     })
 }
 
-/// Binds the sidecar's socket at `path`, mode `0660`, given to `group` when set.
+/// Bytes a Unix socket's path may have (`sun_path` holds 108 with its terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 108;
+
+/// Binds a data-plane socket (a sidecar's, or a worker's for its host) at `path`, mode `0660`,
+/// given to `group` when set.
 pub(crate) fn bind_socket(socket_path: &Path, group: Option<&str>) -> Result<UnixListener, WorkerError> {
     let socket_err = |source| WorkerError::Socket { path: socket_path.display().to_string(), source };
+    if socket_path.as_os_str().len() >= MAX_SOCKET_PATH {
+        return Err(socket_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a Unix socket's path must be shorter than {MAX_SOCKET_PATH} bytes: choose a shorter one"
+            ),
+        )));
+    }
     let gid = group
         .map(resolve_group)
         .transpose()

@@ -95,7 +95,12 @@ pub fn cluster_rules(
                     let members = membership
                         .workers
                         .into_iter()
-                        .map(|w| strata_common::Member { id: w.id, data_addr: w.data_addr, node: w.node })
+                        .map(|w| strata_common::Member {
+                            id: w.id,
+                            data_addr: w.data_addr,
+                            node: w.node,
+                            local_socket: w.local_socket,
+                        })
                         .collect();
                     let ring = strata_common::Ring::new(
                         membership.epoch,

@@ -15,9 +15,16 @@ pub struct LastView {
     view: RwLock<Option<(Membership, MountList)>>,
     /// Wall-clock ms of the last answer from the master (0: never).
     seen_ms: AtomicI64,
+    /// Who answers: a client checks it before trusting a local socket to be this worker's.
+    worker_id: String,
 }
 
 impl LastView {
+    /// The view of the worker (or sidecar) `worker_id`, empty until the master is heard.
+    pub fn new(worker_id: impl Into<String>) -> Self {
+        Self { worker_id: worker_id.into(), ..Self::default() }
+    }
+
     /// Replaces the view with what the master just said.
     pub fn set(&self, membership: Membership, mounts: MountList, now_ms: i64) {
         *self.view.write().unwrap_or_else(|p| p.into_inner()) = Some((membership, mounts));
@@ -48,6 +55,7 @@ impl LastView {
             membership: Some(membership.clone()),
             mounts: Some(mounts.clone()),
             master_seen_unix_ms: self.seen_ms.load(Ordering::Relaxed),
+            worker_id: self.worker_id.clone(),
         };
         Some(view.to_bytes())
     }
@@ -61,7 +69,7 @@ mod tests {
 
     #[test]
     fn encodes_the_last_view_with_the_last_contact() {
-        let view = LastView::default();
+        let view = LastView::new("w1");
         assert_eq!(view.encoded(), None, "nothing before the master was heard");
         let membership = Membership {
             epoch: 7,
@@ -70,6 +78,7 @@ mod tests {
                 data_addr: "h:1".into(),
                 suspect: false,
                 node: "n1".into(),
+                local_socket: "/run/strata/w1.sock".into(),
             }],
         };
         let mount = MountInfo {
@@ -87,6 +96,7 @@ mod tests {
         let back = WorkerView::from_bytes(&view.encoded().unwrap()).unwrap();
         assert_eq!(back.membership, Some(membership));
         assert_eq!(back.master_seen_unix_ms, 2_000, "the latest contact, never moving back");
+        assert_eq!(back.worker_id, "w1", "who answers, for a client checking a local socket");
         assert_eq!(back.mounts.unwrap().mounts[0].options["secret_access_key"], "***");
     }
 }

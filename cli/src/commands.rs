@@ -111,6 +111,20 @@ async fn wait_for_shutdown() -> Result<()> {
     Ok(())
 }
 
+/// The standalone worker's socket for processes on this machine, `<dir>/worker.sock`, unless
+/// that path is too long for a Unix socket address (then clients read over TCP only).
+fn local_socket_path(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let path = dir.join("worker.sock");
+    if path.as_os_str().len() < strata_worker::sidecar::MAX_SOCKET_PATH {
+        return Some(path);
+    }
+    eprintln!(
+        "strata: {} is too long for a Unix socket; local clients read over TCP (use a shorter --dir)",
+        path.display()
+    );
+    None
+}
+
 async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> Result<()> {
     let rpc_addr = match args.rpc_addr {
         Some(a) => a,
@@ -147,6 +161,8 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
         token_file: Some(worker_token_file).filter(|_| !args.no_auth),
         tls: tls.apply(Default::default()),
         node: strata_common::node_from_env(),
+        // Processes on this machine read the worker's blocks by mapping them (short-circuit).
+        socket_path: local_socket_path(&dir),
         ..WorkerConfig::default()
     };
     let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
@@ -187,6 +203,9 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
         "  worker   {}  data plane {}  (http://{}/metrics)",
         worker.worker_id, worker.data_addr, worker.http_addr
     );
+    if let Some(socket) = &worker.local_socket {
+        println!("  local    unix:{}  (clients on this machine map blocks through it)", socket.display());
+    }
     println!("  state    {}", dir.display());
     if args.no_auth {
         println!("  auth     off (--no-auth): anyone who reaches these ports can use them");
@@ -312,9 +331,6 @@ async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> 
         handle.shutdown().await;
         return Ok(());
     }
-    if cfg.socket_path.is_some() {
-        bail!("--socket serves a sidecar: add --sidecar (a cluster worker serves TCP only)");
-    }
     let drain = match args.drain {
         false => None,
         true => Some(strata_common::units::parse_duration(&args.drain_timeout).with_context(|| {
@@ -335,7 +351,21 @@ async fn worker(target: &Target, args: WorkerArgs, tls: &TlsArgs) -> Result<()> 
         }
         Err(e) => tracing::warn!(err = %e, "no peer fetch or hand-off: misses go to the UFS"),
     }
-    println!("worker {} serving data on {} (http {})", handle.worker_id, handle.data_addr, handle.http_addr);
+    match &handle.local_socket {
+        Some(socket) => println!(
+            "worker {} serving data on {} and unix:{} (http {})",
+            handle.worker_id,
+            handle.data_addr,
+            socket.display(),
+            handle.http_addr
+        ),
+        None => {
+            println!(
+                "worker {} serving data on {} (http {})",
+                handle.worker_id, handle.data_addr, handle.http_addr
+            )
+        }
+    }
     wait_for_shutdown().await?;
     if let Some(timeout) = drain {
         let report = handle.drain(timeout).await;

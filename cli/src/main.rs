@@ -360,10 +360,14 @@ struct WorkerArgs {
     /// ring, fetch misses from the cluster's workers before the UFS.
     #[arg(long, env = "STRATA_WORKER_SIDECAR")]
     sidecar: bool,
-    /// Unix socket a sidecar serves on (clients find it through STRATA_SIDECAR_SOCKET).
+    /// Unix socket to serve the data plane on as well. A sidecar serves only there (its
+    /// clients find it through STRATA_SIDECAR_SOCKET); a cluster worker serves it beside TCP
+    /// and advertises it, so clients on its host find it themselves and read its blocks by
+    /// mapping them (short-circuit), with no sidecar.
     #[arg(long, env = "STRATA_WORKER_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Group (name or gid) given the sidecar's socket (mode 0660), e.g. the pod's fsGroup.
+    /// Group (name or gid) given the socket (mode 0660), e.g. the pod's fsGroup: its members'
+    /// uids must also be allowed (socket_allowed_uids in the config file).
     #[arg(long, env = "STRATA_WORKER_SOCKET_GROUP", value_name = "GROUP")]
     socket_group: Option<String>,
     /// On SIGTERM/SIGINT, leave gracefully: the master takes this worker off the ring at once,

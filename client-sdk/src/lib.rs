@@ -26,6 +26,7 @@ mod fsops;
 mod health;
 mod jobs;
 mod listings;
+mod local;
 pub mod outage;
 mod rdma;
 mod reader;
@@ -113,9 +114,11 @@ pub struct ClientConfig {
     /// Unix socket of the pod's sidecar worker: blocks are asked of it first, and of the
     /// cluster when it cannot serve. Default: `STRATA_SIDECAR_SOCKET` when set and non-empty.
     pub sidecar_socket: Option<PathBuf>,
-    /// Read blocks the sidecar holds by mapping a file descriptor it passes (short-circuit)
-    /// instead of copying them through the socket. Default true, unless `STRATA_SHORT_CIRCUIT`
-    /// is `0`/`false`/`off`/`no`. Unused without `sidecar_socket`.
+    /// Read blocks by mapping a file descriptor the worker passes (short-circuit) instead of
+    /// copying them through a socket: the sidecar's blocks, and the blocks of any worker on
+    /// this host that serves a Unix socket (`strata worker --socket`; found in the membership
+    /// and checked by its id, no configuration). Default true, unless `STRATA_SHORT_CIRCUIT`
+    /// is `0`/`false`/`off`/`no`.
     pub short_circuit: bool,
     /// Bytes of whole-block short-circuit mappings kept for the next read of the same block,
     /// each for half its lease. A read of a kept block costs no round trip. The mappings are
@@ -307,7 +310,12 @@ impl From<strata_proto::FileStatus> for FileInfo {
             holders: s
                 .holders
                 .into_iter()
-                .map(|m| Member { id: m.id, data_addr: m.data_addr, node: m.node })
+                .map(|m| Member {
+                    id: m.id,
+                    data_addr: m.data_addr,
+                    node: m.node,
+                    local_socket: m.local_socket,
+                })
                 .collect(),
             persist: Persist::from_proto(s.persist),
         }
@@ -348,6 +356,8 @@ struct Inner {
     sidecar: Option<(String, Arc<dyn Transport>)>,
     /// Short-circuit reads through the sidecar's socket, when enabled.
     short_circuit: Option<shortcircuit::ShortCircuit>,
+    /// Short-circuit reads through the sockets of workers on this host, when enabled.
+    local: Option<local::LocalWorkers>,
     view: RwLock<View>,
     /// Held while a stale view is refreshed, so concurrent readers wait for one refresh
     /// instead of each calling the master (64 readers made 64 call pairs at once).
@@ -645,6 +655,15 @@ impl Client {
                 credentials.clone(),
             )
         });
+        let local = config.short_circuit.then(|| {
+            local::LocalWorkers::new(local::LocalSettings {
+                connect_timeout: config.connect_timeout,
+                request_timeout: config.request_timeout,
+                cache_bytes: config.short_circuit_cache_bytes,
+                clock: config.clock.clone(),
+                credentials: credentials.clone(),
+            })
+        });
         Self {
             inner: Arc::new(Inner {
                 master: MasterClient::new(channel)
@@ -653,6 +672,7 @@ impl Client {
                 transport,
                 sidecar,
                 short_circuit,
+                local,
                 view: RwLock::new(view),
                 refreshing: tokio::sync::Mutex::new(()),
                 refresh_attempts: Default::default(),
@@ -684,6 +704,14 @@ impl Client {
     /// `strata_client_hedged_reads_total` metric, for this client alone).
     pub fn hedged_reads(&self) -> u64 {
         self.inner.hedges.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Block reads served by mapping a descriptor a worker passed — the sidecar, or a worker on
+    /// this host — rather than bytes through a socket (as the
+    /// `strata_client_short_circuit_reads_total` metric, for this client alone).
+    pub fn short_circuit_reads(&self) -> u64 {
+        self.inner.short_circuit.as_ref().map_or(0, |sc| sc.reads())
+            + self.inner.local.as_ref().map_or(0, |l| l.reads())
     }
 
     /// Block reads first sent to a read replica on this client's node (as the
@@ -727,7 +755,7 @@ impl Client {
         let members = membership
             .workers
             .into_iter()
-            .map(|w| Member { id: w.id, data_addr: w.data_addr, node: w.node })
+            .map(|w| Member { id: w.id, data_addr: w.data_addr, node: w.node, local_socket: w.local_socket })
             .collect();
         let ring = Ring::new(membership.epoch, members, DEFAULT_VNODES);
         debug!(epoch = ring.epoch(), workers = ring.members().len(), "membership refreshed");
@@ -1089,6 +1117,12 @@ impl Client {
             }
             let owners = self
                 .in_asking_order(ring.owners(hash, ring.members().len()), self.read_replicas_for(&info.path));
+            if round == 0
+                && let Some(first) = owners.first()
+                && let Some(bytes) = self.read_local(first, &req).await
+            {
+                return Ok(sink.deliver(bytes));
+            }
             match self.read_from_owners(&owners, &req, &mut sink).await {
                 Asked::Served { bytes, by } => {
                     if by > 0 || round > 0 {
@@ -1102,6 +1136,26 @@ impl Client {
             }
         }
         Err(ClientError::unserved(last_err, "no worker answered"))
+    }
+
+    /// The block `req` asks of `owner` by short-circuit, when `owner` runs on this host and
+    /// serves a socket; `None` (read it over TCP) otherwise or when that fails for any reason.
+    async fn read_local(&self, owner: &Member, req: &ReadBlockRequest) -> Option<Bytes> {
+        let local = self.inner.local.as_ref()?.find(owner, &self.inner.dial).await?;
+        if local.backing_off() {
+            return None;
+        }
+        match local.read_block(req).await {
+            Ok(bytes) if bytes.len() as u64 == req.len => Some(bytes),
+            Ok(bytes) => {
+                debug!(worker = %owner.id, block = req.block_index, path = %req.path, got = bytes.len(), "short-circuit read of the wrong length; reading over TCP");
+                None
+            }
+            Err(e) => {
+                debug!(worker = %owner.id, block = req.block_index, path = %req.path, err = %e, "short-circuit read failed; reading over TCP");
+                None
+            }
+        }
     }
 
     /// A block's owners (in ring order) in the order they are asked: those neither the master
@@ -1121,7 +1175,9 @@ impl Client {
             } else {
                 // Only candidates need their load; the rest keep their place whatever it is.
                 let in_flight = if rank < read_replicas { self.inner.in_flight.get(&m.data_addr) } else { 0 };
-                let local = node.is_some_and(|n| n == m.node);
+                // A worker whose socket answered here is on this host, whatever nodes say.
+                let local = node.is_some_and(|n| n == m.node)
+                    || self.inner.local.as_ref().is_some_and(|l| l.found(m).is_some());
                 trusted.push((m, rank, spread::Candidate { local, in_flight }));
             }
         }

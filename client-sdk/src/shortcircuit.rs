@@ -1,4 +1,5 @@
-//! Short-circuit reads from the pod's sidecar worker: instead of the block's bytes, the sidecar
+//! Short-circuit reads from the pod's sidecar worker, or from a cluster worker on this host
+//! through the socket it advertises (`local`): instead of the block's bytes, the worker
 //! answers `OpenBlock` with a [`BlockGrant`] and a file descriptor passed over the Unix socket
 //! (SCM_RIGHTS) — the verified NVMe block file, or a sealed shared-memory copy of a DRAM block —
 //! and the client maps it read-only. The returned [`Bytes`] points into the mapping: no copy
@@ -35,7 +36,7 @@ use tokio::net::UnixStream;
 
 use crate::transport::{Credentials, TransportError};
 
-/// Counter: block reads served by mapping a descriptor the sidecar passed.
+/// Counter: block reads served by mapping a descriptor the sidecar or a worker on this host passed.
 pub const METRIC_SHORT_CIRCUIT_READS: &str = "strata_client_short_circuit_reads_total";
 /// Counter: short-circuit attempts that failed and were read the framed way instead.
 pub const METRIC_SHORT_CIRCUIT_FALLBACKS: &str = "strata_client_short_circuit_fallbacks_total";
@@ -189,9 +190,11 @@ impl MapCache {
     }
 }
 
-/// Short-circuit reads through one sidecar socket.
+/// Short-circuit reads through one socket: the sidecar's, or a worker's on this host.
 pub(crate) struct ShortCircuit {
     socket: String,
+    /// Block reads served by a mapping (as [`METRIC_SHORT_CIRCUIT_READS`], for this socket).
+    reads: AtomicU64,
     cache: Mutex<MapCache>,
     shared: Arc<Shared>,
     connect_timeout: Duration,
@@ -214,6 +217,7 @@ impl ShortCircuit {
     ) -> Self {
         Self {
             socket,
+            reads: AtomicU64::new(0),
             cache: Mutex::new(MapCache { limit: cache_bytes, used: 0, tick: 0, blocks: HashMap::new() }),
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
@@ -227,6 +231,16 @@ impl ShortCircuit {
             clock,
             credentials,
         }
+    }
+
+    /// Block reads served by a mapping so far.
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    fn count_read(&self) {
+        metrics::counter!(METRIC_SHORT_CIRCUIT_READS).increment(1);
+        self.reads.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether a recent failure says not to try now.
@@ -261,7 +275,7 @@ impl ShortCircuit {
         if let Some(whole) = kept
             && end <= whole.len()
         {
-            metrics::counter!(METRIC_SHORT_CIRCUIT_READS).increment(1);
+            self.count_read();
             return Ok(whole.slice(start..end));
         }
         let len = strata_common::block::block_len(req.file_size, req.block_size, req.block_index);
@@ -284,7 +298,7 @@ impl ShortCircuit {
     async fn read_mapped(&self, req: &ReadBlockRequest) -> Result<(Bytes, Duration), TransportError> {
         let result = self.try_read_block(req).await;
         match &result {
-            Ok(_) => metrics::counter!(METRIC_SHORT_CIRCUIT_READS).increment(1),
+            Ok(_) => self.count_read(),
             Err(e) => {
                 metrics::counter!(METRIC_SHORT_CIRCUIT_FALLBACKS).increment(1);
                 // A refusal or a broken answer will come again; a missing block or a changed

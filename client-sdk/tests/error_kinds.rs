@@ -62,7 +62,7 @@ macro_rules! fake_master {
         #[async_trait::async_trait]
         impl Master for FakeMaster {
             async fn get_membership(&self, _: Request<Empty>) -> Result<Response<Membership>, Status> {
-                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string(), suspect: false, node: String::new() };
+                let worker = Member { id: "w1".into(), data_addr: self.worker.to_string(), suspect: false, node: String::new(), local_socket: String::new() };
                 Ok(Response::new(Membership { epoch: 1, workers: vec![worker] }))
             }
 

@@ -17,12 +17,15 @@ pub struct Member {
     /// The node the worker runs on (`STRATA_NODE`), empty when unknown. Not part of
     /// placement: a worker's ring position depends on its id alone.
     pub node: String,
+    /// The Unix socket a process on the worker's host reaches it at for short-circuit reads
+    /// (`strata worker --socket`), empty when it serves none. Not part of placement.
+    pub local_socket: String,
 }
 
 impl Member {
     /// A member whose node is unknown.
     pub fn new(id: impl Into<String>, data_addr: impl Into<String>) -> Self {
-        Self { id: id.into(), data_addr: data_addr.into(), node: String::new() }
+        Self { id: id.into(), data_addr: data_addr.into(), node: String::new(), local_socket: String::new() }
     }
 }
 

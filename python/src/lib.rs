@@ -668,6 +668,23 @@ impl Client {
         })
     }
 
+    /// How this process's client read blocks: by mapping a descriptor a worker on this host
+    /// (or the sidecar) passed, from another worker after the owner failed, hedged, and sent
+    /// first to a read replica on this node.
+    fn read_counters(&self, py: Python<'_>) -> PyResult<std::collections::HashMap<&'static str, u64>> {
+        py.detach(|| {
+            self.shared.run(|_, c, _| {
+                Ok([
+                    ("short_circuit_reads", c.short_circuit_reads()),
+                    ("failovers", c.failovers()),
+                    ("hedged_reads", c.hedged_reads()),
+                    ("local_reads", c.local_reads()),
+                ]
+                .into())
+            })
+        })
+    }
+
     /// Worker ids that hold (first) each block of a file, from the placement ring: the same
     /// in every process that sees the same membership.
     fn placement(&self, py: Python<'_>, path: &str) -> PyResult<Vec<String>> {

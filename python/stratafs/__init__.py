@@ -294,6 +294,12 @@ class StrataFileSystem(AbstractFileSystem):
         of stale_stats, stale_listings, worker_stats, outages, started_from_worker."""
         return self._client.outage_counters()
 
+    def read_counters(self):
+        """How this process's client read blocks (docs/PYTHON.md): a dict of
+        short_circuit_reads (mapped from a worker on this host, or the sidecar, with no copy
+        through a socket), failovers, hedged_reads, local_reads."""
+        return self._client.read_counters()
+
     def placement(self, path):
         """Worker id that owns each block of a file on the placement ring (for diagnostics)."""
         return self._client.placement(self._strip_protocol(path))

@@ -7,6 +7,8 @@ import hashlib
 import io
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -64,6 +66,40 @@ def test_a_list_of_masters_whose_first_is_down(cluster):
 
 
 # ---- bytes ----
+
+
+COUNT_SHORT_CIRCUIT = """
+import sys, fsspec
+fs = fsspec.filesystem("strata", master=sys.argv[1])
+assert fs.cat_file(sys.argv[2]) == open(sys.argv[3], "rb").read()
+print(fs.read_counters()["short_circuit_reads"])
+"""
+
+
+def test_blocks_of_the_worker_on_this_host_are_mapped_not_sent(fs, cluster, tmp_path):
+    # The standalone's worker serves <state>/worker.sock and registers it; this process is on
+    # its host, so it maps the blocks that worker owns. The second worker serves TCP only.
+    payload = rand(16 * MiB + 5)  # 17 blocks over two workers: the standalone owns some
+    path = unique("/data") + ".bin"
+    fs.pipe_file(path, payload)
+    before = fs.read_counters()["short_circuit_reads"]
+    assert fs.cat_file(path) == payload
+    buf = bytearray(3 * MiB)
+    with fs.open(path, "rb") as f:
+        f.seek(5 * MiB - 7)
+        assert f.readinto(buf) == len(buf)
+    assert bytes(buf) == payload[5 * MiB - 7:8 * MiB - 7]
+    assert fs.read_counters()["short_circuit_reads"] > before
+
+    # Opted out (STRATA_SHORT_CIRCUIT=0): the same bytes, none mapped.
+    expected = tmp_path / "expected.bin"
+    expected.write_bytes(payload)
+    for value, mapped in (("0", False), ("1", True)):
+        env = dict(os.environ, STRATA_SHORT_CIRCUIT=value)
+        out = subprocess.run([sys.executable, "-c", COUNT_SHORT_CIRCUIT, cluster.master, path, str(expected)],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        assert (int(out.stdout) > 0) == mapped, (value, out.stdout)
 
 
 @pytest.mark.parametrize("size", [0, 1, 4097, MiB - 1, MiB, 3 * MiB + 12345])

@@ -51,6 +51,9 @@ pub struct ClusterOptions {
     /// Each worker's `handoff_bandwidth`; 0 turns background hand-off off, so a test can
     /// measure peer fetch on demand alone.
     pub handoff_bandwidth: u64,
+    /// Each worker also serves a Unix socket (`worker-<i>.sock` in the state directory), as
+    /// `strata worker --socket` does, so the harness's clients read by short-circuit.
+    pub local_sockets: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -80,6 +83,7 @@ impl Default for ClusterOptions {
             nvme_disk: None,
             nodes: Vec::new(),
             handoff_bandwidth: strata_worker::handoff::DEFAULT_HANDOFF_BANDWIDTH,
+            local_sockets: false,
         }
     }
 }
@@ -157,6 +161,7 @@ impl Cluster {
                 // As quick as the harness's heartbeats, so TTLs and quotas act within a test.
                 upkeep_interval_ms: 100,
                 handoff_bandwidth: opts.handoff_bandwidth,
+                socket_path: opts.local_sockets.then(|| state_dir.path().join(format!("worker-{i}.sock"))),
                 ..WorkerConfig::default()
             })
             .collect();
@@ -181,8 +186,8 @@ impl Cluster {
             cluster.workers.push(Some(w));
         }
         cluster.wait_for_live_workers(opts.workers).await;
-        for i in 0..opts.workers {
-            cluster.connect_peers(i).await;
+        for (i, w) in cluster.workers.iter().enumerate() {
+            cluster.attach_peers(i, w.as_ref().expect("just started")).await;
         }
         let client = cluster.client().await;
         let options: HashMap<String, String> =
@@ -211,14 +216,10 @@ impl Cluster {
         handle
     }
 
-    /// Worker `i` without peer fetch (see [`attach_peers`](Self::attach_peers)), as [`start_with`](Self::start_with) starts them.
+    /// Worker `i` without peer fetch ([`start_with`](Self::start_with) attaches it once every
+    /// worker is live).
     async fn start_worker(&self, i: usize) -> WorkerHandle {
         Worker::start(self.worker_configs[i].clone(), self.factory.clone()).await.expect("worker starts")
-    }
-
-    async fn connect_peers(&self, i: usize) {
-        let handle = self.workers[i].as_ref().expect("a running worker");
-        self.attach_peers(i, handle).await;
     }
 
     /// Gives worker `i` peer fetch as `strata worker` has it.

@@ -504,3 +504,70 @@ async fn bad_open_blocks_get_error_frames_and_unreleased_leases_expire() {
     assert!(rest.len() <= frame::MAX_ERROR_MESSAGE, "only the error message follows, then EOF");
     sidecar.shutdown().await;
 }
+
+/// Workers that also serve Unix sockets, as `strata worker --socket` does: clients on their
+/// host find them in the membership, with no sidecar and nothing configured.
+async fn cluster_with_local_sockets(workers: usize) -> Cluster {
+    Cluster::start(ClusterOptions { workers, local_sockets: true, ..ClusterOptions::default() }).await
+}
+
+async fn client_without_sidecar(cluster: &Cluster, short_circuit: bool) -> Client {
+    let mut config: ClientConfig = cluster.client_config();
+    config.sidecar_socket = None;
+    config.short_circuit = short_circuit;
+    Client::connect(config).await.expect("client connects")
+}
+
+/// Block reads a [`check_ranges`] makes: each range's blocks, one read each.
+fn blocks_touched(size: usize) -> u64 {
+    odd_ranges(size).iter().map(|&(offset, len)| ((offset + len - 1) / MIB - offset / MIB + 1) as u64).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_a_workers_host_maps_its_blocks_without_a_sidecar() {
+    let mut cluster = cluster_with_local_sockets(1).await;
+    let size = 3 * MIB + 12_345;
+    let data = pattern(size, 61);
+    cluster.write_file("local/a.bin", &data);
+    let worker = cluster.worker(0);
+    let socket = worker.local_socket.clone().expect("the worker serves a socket");
+    assert!(socket.is_absolute() && socket.exists(), "{}", socket.display());
+
+    let client = client_without_sidecar(&cluster, true).await;
+    let held = check_ranges(&client, "/data/local/a.bin", &data).await;
+    assert_eq!(client.short_circuit_reads(), blocks_touched(size), "every block read was a mapping");
+    assert!(worker.grants.fd().held_leases() >= 1, "the kept mappings hold leases");
+    drop(held);
+
+    // Opted out: the same bytes over TCP, no grant asked.
+    let tcp = client_without_sidecar(&cluster, false).await;
+    let served = served_by_cluster(&cluster);
+    check_ranges(&tcp, "/data/local/a.bin", &data).await;
+    assert_eq!(tcp.short_circuit_reads(), 0);
+    let asked: usize = odd_ranges(size).iter().map(|r| r.1).sum();
+    assert_eq!(served_by_cluster(&cluster) - served, asked as u64, "every byte went over TCP");
+
+    // A worker stopped with its clients' mappings alive: the bytes stay (a mapping names an
+    // unchanging file or sealed memory), and its socket file goes.
+    let mapped = client.read_range("/data/local/a.bin", 7, MIB as u64).await.unwrap();
+    cluster.stop_worker(0).await;
+    assert!(!socket.exists(), "a stopped worker removes its socket");
+    assert!(mapped[..] == data[7..7 + MIB]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_missing_or_answering_as_another_worker_is_not_used() {
+    let cluster = cluster_with_local_sockets(2).await;
+    let data = pattern(8 * MIB + 3, 62);
+    cluster.write_file("local/b.bin", &data);
+    let (w0, w1) = (cluster.worker(0), cluster.worker(1));
+    let (s0, s1) = (w0.local_socket.clone().unwrap(), w1.local_socket.clone().unwrap());
+    // What a reused path looks like: w0's advertised path now reaches w1, and w1's path is gone.
+    std::fs::rename(&s1, &s0).unwrap();
+
+    let client = client_without_sidecar(&cluster, true).await;
+    let got = client.read_all("/data/local/b.bin").await.unwrap();
+    assert!(got[..] == data[..], "wrong bytes");
+    assert_eq!(client.short_circuit_reads(), 0, "neither socket is trusted as its worker's");
+    assert_eq!(w0.grants.fd().held_leases() + w1.grants.fd().held_leases(), 0, "no grant was asked");
+}
