@@ -266,6 +266,22 @@ impl BlockService {
         Ok(Served { payload: Payload::Bytes(bytes), source, key: at.key })
     }
 
+    /// The range as a verified NVMe block file (in DRAM as well or not), with the block's key:
+    /// nothing is fetched or read, and only a range served so counts as served.
+    pub async fn verified_file(&self, r: &BlockRead) -> Result<(Option<Payload>, BlockKey), ServeError> {
+        let at = self.locate_range(r).await?;
+        if block::write_back_id(&r.version).is_some() {
+            return Ok((None, at.key));
+        }
+        let Some(region) = self.cache.open_verified_file(&at.key, at.block_len) else {
+            return Ok((None, at.key));
+        };
+        self.served(r.len);
+        self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
+        let payload = Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
+        Ok((Some(payload), at.key))
+    }
+
     /// A block range from the tiers alone, for a peer (`Op::PeerRead`): `None` on a miss, which
     /// is never fetched (the asking peer reads the UFS itself). Write-back journals are not
     /// served this way: their readers ask the holders.

@@ -221,7 +221,16 @@ impl BlockCache {
     /// A block that is on NVMe only and whose checksum is verified, as its file (zero copy).
     /// `None` when zero copy is off, the block is in DRAM (serve that), or it is not verified.
     pub fn open_verified(&self, key: &BlockKey, block_len: u64) -> Option<FileRegion> {
-        if !self.zero_copy.load(Ordering::Relaxed) || self.memory.contains(key) {
+        if self.memory.contains(key) {
+            return None;
+        }
+        self.open_verified_file(key, block_len)
+    }
+
+    /// [`open_verified`](Self::open_verified), also when the block is in DRAM as well: a
+    /// descriptor grant of the file costs no copy, where one of the DRAM block costs a copy.
+    pub fn open_verified_file(&self, key: &BlockKey, block_len: u64) -> Option<FileRegion> {
+        if !self.zero_copy.load(Ordering::Relaxed) {
             return None;
         }
         let span = self.nvme.open_verified(key)?;

@@ -706,7 +706,7 @@ async fn serve_open<S: Connection>(
     open: &OpenBlock,
 ) -> std::io::Result<()> {
     let req_id = open.read.req_id;
-    if open.kind == GrantKind::Fd && !S::PASSES_FDS {
+    if open.kind.is_fd() && !S::PASSES_FDS {
         return send_error(stream, req_id, ErrorKind::Unavailable, "descriptor grants need a Unix socket")
             .await;
     }

@@ -41,6 +41,10 @@ pub enum GrantError {
     /// bytes the ordinary way.
     #[error("{0}")]
     Refused(String),
+    /// A no-copy grant asked for a block that only a copy could grant (in DRAM, not on NVMe,
+    /// no kept shared-memory copy): about this block only, read it the ordinary way.
+    #[error("{0}: only a copy could grant it (a DRAM block); read it framed")]
+    WouldCopy(String),
 }
 
 impl GrantError {
@@ -48,6 +52,8 @@ impl GrantError {
         match self {
             GrantError::Serve(e) => e.kind(),
             GrantError::Refused(_) => ErrorKind::Unavailable,
+            // Not temporary: the reader goes on asking for grants of other blocks.
+            GrantError::WouldCopy(_) => ErrorKind::ResourceExhausted,
         }
     }
 }
@@ -91,8 +97,8 @@ impl Grants {
         r: &BlockRead,
     ) -> Result<Granted, GrantError> {
         match kind {
-            GrantKind::Fd => {
-                let (grant, fd, source) = self.fd.grant(blocks, r).await?;
+            GrantKind::Fd | GrantKind::FdNoCopy => {
+                let (grant, fd, source) = self.fd.grant(blocks, r, kind == GrantKind::Fd).await?;
                 Ok(Granted { grant, source, fd: Some(fd) })
             }
             GrantKind::Rdma => {
@@ -122,7 +128,7 @@ impl Grants {
     /// Ends a lease early. A lease already over (expired, or never ours) is not an error.
     pub fn release(&self, kind: GrantKind, lease_id: u64) {
         match kind {
-            GrantKind::Fd => self.fd.release(lease_id),
+            GrantKind::Fd | GrantKind::FdNoCopy => self.fd.release(lease_id),
             GrantKind::Rdma => {
                 if let Some(rdma) = &self.rdma {
                     rdma.release(lease_id);

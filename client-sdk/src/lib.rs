@@ -653,6 +653,7 @@ impl Client {
                 config.short_circuit_cache_bytes,
                 config.clock.clone(),
                 credentials.clone(),
+                strata_common::frame::GrantKind::Fd,
             )
         });
         let local = config.short_circuit.then(|| {
@@ -1141,6 +1142,10 @@ impl Client {
     /// The block `req` asks of `owner` by short-circuit, when `owner` runs on this host and
     /// serves a socket; `None` (read it over TCP) otherwise or when that fails for any reason.
     async fn read_local(&self, owner: &Member, req: &ReadBlockRequest) -> Option<Bytes> {
+        let block_len = strata_common::block::block_len(req.file_size, req.block_size, req.block_index);
+        if block_len < local::MIN_MAPPED_BLOCK {
+            return None;
+        }
         let local = self.inner.local.as_ref()?.find(owner, &self.inner.dial).await?;
         if local.backing_off() {
             return None;

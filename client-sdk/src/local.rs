@@ -4,6 +4,12 @@
 //! hosts), so it reads the worker's blocks by short-circuit — mapping the descriptors the
 //! worker passes — instead of over TCP, with no sidecar and no configuration.
 //!
+//! Blocks smaller than [`MIN_MAPPED_BLOCK`] (small files) are read over TCP. Only grants
+//! that cost the worker no copy are asked for (`GrantKind::FdNoCopy`): a block
+//! on NVMe is mapped from its file, a DRAM block from a shared-memory copy the worker keeps
+//! already (made for a sidecar-style reader); any other DRAM block is read over TCP, since
+//! copying it into fresh shared memory for one read costs more than sending it.
+//!
 //! Invariants: a socket is used for a worker only after it answered a `View` with that
 //! worker's id, so a stale socket file, another worker's socket at the same path (a reused
 //! hostPath) or a sidecar never serves as the wrong worker; a socket that cannot be reached or
@@ -15,11 +21,17 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use strata_common::frame::GrantKind;
 use strata_common::{Member, SharedClock};
 use tracing::{debug, info};
 
 use crate::shortcircuit::ShortCircuit;
 use crate::transport::{Credentials, Dial, Via};
+
+/// Smallest block mapped rather than sent: a mapping costs a grant round trip and a page-table
+/// setup whatever the size, which a block this small costs less to send (measured on a warm
+/// epoch of 256 KiB files: 8,447–8,906 files/s mapped against 10,506–13,696 over TCP).
+pub(crate) const MIN_MAPPED_BLOCK: u64 = 1 << 20;
 
 /// How long a socket found unreachable, or answering as another worker, is left alone.
 const RECHECK: Duration = Duration::from_secs(30);
@@ -98,6 +110,10 @@ impl LocalWorkers {
                     self.settings.cache_bytes,
                     self.settings.clock.clone(),
                     self.settings.credentials.clone(),
+                    // A first read of a DRAM block over TCP costs a copy; a grant of it would
+                    // cost the worker a copy into fresh shared memory, which under memory
+                    // pressure measured 10 ms per 4 MiB block against 1.2 ms over TCP.
+                    GrantKind::FdNoCopy,
                 )))
             }
             Err(why) => {

@@ -204,6 +204,9 @@ pub(crate) struct ShortCircuit {
     clock: SharedClock,
     /// Presented on every new connection: the sidecar grants nothing to an unauthenticated peer.
     credentials: Credentials,
+    /// `Fd` (the sidecar: it copies a DRAM block into shared memory when it must) or
+    /// `FdNoCopy` (a cluster worker: a block only a copy could grant is read over TCP).
+    kind: GrantKind,
 }
 
 impl ShortCircuit {
@@ -214,8 +217,10 @@ impl ShortCircuit {
         cache_bytes: u64,
         clock: SharedClock,
         credentials: Credentials,
+        kind: GrantKind,
     ) -> Self {
         Self {
+            kind,
             socket,
             reads: AtomicU64::new(0),
             cache: Mutex::new(MapCache { limit: cache_bytes, used: 0, tick: 0, blocks: HashMap::new() }),
@@ -301,8 +306,8 @@ impl ShortCircuit {
             Ok(_) => self.count_read(),
             Err(e) => {
                 metrics::counter!(METRIC_SHORT_CIRCUIT_FALLBACKS).increment(1);
-                // A refusal or a broken answer will come again; a missing block or a changed
-                // version is about this read only.
+                // A refusal or a broken answer will come again; a missing block, a changed
+                // version or a block only a copy could grant is about this read only.
                 let repeats = match e {
                     TransportError::Remote { kind, .. } => kind.is_temporary(),
                     _ => true,
@@ -359,7 +364,7 @@ impl ShortCircuit {
         let io = |source| TransportError::Io { addr: addr.to_string(), source };
         let protocol = |reason: String| TransportError::Protocol { addr: addr.to_string(), reason };
         let mut out = encode_releases(&self.shared.take_releases());
-        out.extend_from_slice(&req.encode_open(GrantKind::Fd));
+        out.extend_from_slice(&req.encode_open(self.kind));
         stream.write_all(&out).await.map_err(io)?;
 
         let mut fds = Vec::new();

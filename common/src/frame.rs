@@ -13,7 +13,8 @@
 //! `OpenBlock` (body = a read's body, then `grant_kind:u8`) asks for the range as a grant of
 //! that kind and answers a 40-byte [`BlockGrant`] instead of the bytes: kind 1 is a file
 //! descriptor passed with the answer (short-circuit; only a Unix socket can carry it), kind 2 a
-//! registered memory region (RDMA); `Release` (body `lease_id:u64 grant_kind:u8`, no response)
+//! registered memory region (RDMA), kind 3 a descriptor only if it costs the worker no copy
+//! (else `ResourceExhausted`); `Release` (body `lease_id:u64 grant_kind:u8`, no response)
 //! ends a grant's lease early; `RemoteRead` (body `req_id:u64 addr:u64 rkey:u32
 //! len:u64`) reads granted registered memory — RDMA's one-sided READ, emulated over TCP;
 //! `RdmaConnect` (body an [`RdmaEndpoint`], answered by the worker's) connects a real RDMA queue
@@ -447,6 +448,10 @@ pub enum GrantKind {
     Fd = 1,
     /// A registered memory region the client reads one-sided (RDMA).
     Rdma = 2,
+    /// [`Fd`](Self::Fd), but only when it costs the worker no copy: a verified NVMe block
+    /// file, or a DRAM block's kept shared-memory copy. Otherwise refused with
+    /// `ResourceExhausted`, and the reader reads the bytes another way. Released as `Fd`.
+    FdNoCopy = 3,
 }
 
 impl GrantKind {
@@ -454,8 +459,14 @@ impl GrantKind {
         match v {
             1 => Some(Self::Fd),
             2 => Some(Self::Rdma),
+            3 => Some(Self::FdNoCopy),
             _ => None,
         }
+    }
+
+    /// A file descriptor grant (passed over a Unix socket), with or without a copy.
+    pub fn is_fd(self) -> bool {
+        matches!(self, Self::Fd | Self::FdNoCopy)
     }
 }
 
@@ -1293,7 +1304,7 @@ mod tests {
         assert_eq!(BlockGrant::decode(&bad), Err(FrameError::Malformed));
         assert_eq!(BlockGrant::decode(&bad[..10]), Err(FrameError::Malformed));
 
-        for kind in [GrantKind::Fd, GrantKind::Rdma] {
+        for kind in [GrantKind::Fd, GrantKind::Rdma, GrantKind::FdNoCopy] {
             let rel = LeaseRelease { lease_id: 77, kind }.encode();
             let header: [u8; REQUEST_HEADER_LEN] = rel[..REQUEST_HEADER_LEN].try_into().unwrap();
             assert_eq!(decode_request_header(&header).unwrap(), (Op::Release, LeaseRelease::BODY_LEN));
@@ -1303,7 +1314,7 @@ mod tests {
             );
         }
         let mut bad_kind = LeaseRelease { lease_id: 1, kind: GrantKind::Fd }.encode();
-        *bad_kind.last_mut().unwrap() = 3;
+        *bad_kind.last_mut().unwrap() = 4;
         assert_eq!(LeaseRelease::decode_body(&bad_kind[REQUEST_HEADER_LEN..]), Err(FrameError::Malformed));
 
         let rr = RemoteRead { req_id: 3, addr: 1 << 40, rkey: 7, len: 4096 };
@@ -1313,7 +1324,7 @@ mod tests {
         assert_eq!(RemoteRead::decode_body(&enc[REQUEST_HEADER_LEN..]).unwrap(), rr);
         assert!(decode_request_header(&request_header(Op::Release, 10)).is_err());
 
-        for kind in [GrantKind::Fd, GrantKind::Rdma] {
+        for kind in [GrantKind::Fd, GrantKind::Rdma, GrantKind::FdNoCopy] {
             let open = OpenBlock { read: sample(), kind }.encode();
             let header: [u8; REQUEST_HEADER_LEN] = open[..REQUEST_HEADER_LEN].try_into().unwrap();
             assert_eq!(

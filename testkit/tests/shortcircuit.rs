@@ -506,9 +506,11 @@ async fn bad_open_blocks_get_error_frames_and_unreleased_leases_expire() {
 }
 
 /// Workers that also serve Unix sockets, as `strata worker --socket` does: clients on their
-/// host find them in the membership, with no sidecar and nothing configured.
-async fn cluster_with_local_sockets(workers: usize) -> Cluster {
-    Cluster::start(ClusterOptions { workers, local_sockets: true, ..ClusterOptions::default() }).await
+/// host find them in the membership, with no sidecar and nothing configured. Without DRAM,
+/// every block a worker holds is on NVMe, which it grants with no copy.
+async fn cluster_with_local_sockets(workers: usize, memory_capacity: u64) -> Cluster {
+    let opts = ClusterOptions { workers, local_sockets: true, memory_capacity, ..ClusterOptions::default() };
+    Cluster::start(opts).await
 }
 
 async fn client_without_sidecar(cluster: &Cluster, short_circuit: bool) -> Client {
@@ -518,14 +520,19 @@ async fn client_without_sidecar(cluster: &Cluster, short_circuit: bool) -> Clien
     Client::connect(config).await.expect("client connects")
 }
 
-/// Block reads a [`check_ranges`] makes: each range's blocks, one read each.
-fn blocks_touched(size: usize) -> u64 {
-    odd_ranges(size).iter().map(|&(offset, len)| ((offset + len - 1) / MIB - offset / MIB + 1) as u64).sum()
+/// Reads of whole-MiB blocks a [`check_ranges`] makes (a co-located worker's shorter blocks,
+/// here the file's last one, are read over TCP: too small to be worth a mapping).
+fn full_blocks_touched(size: usize) -> u64 {
+    let full = size / MIB;
+    odd_ranges(size)
+        .iter()
+        .map(|&(offset, len)| (offset / MIB..=(offset + len - 1) / MIB).filter(|&b| b < full).count() as u64)
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_on_a_workers_host_maps_its_blocks_without_a_sidecar() {
-    let mut cluster = cluster_with_local_sockets(1).await;
+    let mut cluster = cluster_with_local_sockets(1, 0).await;
     let size = 3 * MIB + 12_345;
     let data = pattern(size, 61);
     cluster.write_file("local/a.bin", &data);
@@ -534,8 +541,17 @@ async fn a_client_on_a_workers_host_maps_its_blocks_without_a_sidecar() {
     assert!(socket.is_absolute() && socket.exists(), "{}", socket.display());
 
     let client = client_without_sidecar(&cluster, true).await;
+    // Not cached yet: a no-copy grant fetches nothing, so the first read goes over TCP.
+    let first = client.read_all("/data/local/a.bin").await.unwrap();
+    assert!(first[..] == data[..]);
+    assert_eq!(client.short_circuit_reads(), 0);
+    worker.blocks.flush().await;
     let held = check_ranges(&client, "/data/local/a.bin", &data).await;
-    assert_eq!(client.short_circuit_reads(), blocks_touched(size), "every block read was a mapping");
+    assert_eq!(
+        client.short_circuit_reads(),
+        full_blocks_touched(size),
+        "every full block read was a mapping"
+    );
     assert!(worker.grants.fd().held_leases() >= 1, "the kept mappings hold leases");
     drop(held);
 
@@ -557,10 +573,15 @@ async fn a_client_on_a_workers_host_maps_its_blocks_without_a_sidecar() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_missing_or_answering_as_another_worker_is_not_used() {
-    let cluster = cluster_with_local_sockets(2).await;
+    let cluster = cluster_with_local_sockets(2, 0).await;
     let data = pattern(8 * MIB + 3, 62);
     cluster.write_file("local/b.bin", &data);
     let (w0, w1) = (cluster.worker(0), cluster.worker(1));
+    // Every block on the workers' disks, where a grant would cost no copy.
+    let warm = cluster.client().await.read_all("/data/local/b.bin").await.unwrap();
+    assert!(warm[..] == data[..]);
+    w0.blocks.flush().await;
+    w1.blocks.flush().await;
     let (s0, s1) = (w0.local_socket.clone().unwrap(), w1.local_socket.clone().unwrap());
     // What a reused path looks like: w0's advertised path now reaches w1, and w1's path is gone.
     std::fs::rename(&s1, &s0).unwrap();
@@ -570,4 +591,46 @@ async fn a_socket_missing_or_answering_as_another_worker_is_not_used() {
     assert!(got[..] == data[..], "wrong bytes");
     assert_eq!(client.short_circuit_reads(), 0, "neither socket is trusted as its worker's");
     assert_eq!(w0.grants.fd().held_leases() + w1.grants.fd().held_leases(), 0, "no grant was asked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dram_block_of_a_co_located_worker_is_read_over_tcp_not_copied_into_shared_memory() {
+    let cluster = cluster_with_local_sockets(1, 64 << 20).await;
+    let data = pattern(2 * MIB + 77, 63);
+    cluster.write_file("local/dram.bin", &data);
+    let worker = cluster.worker(0);
+    let client = client_without_sidecar(&cluster, true).await;
+    for _ in 0..2 {
+        let got = client.read_all("/data/local/dram.bin").await.unwrap();
+        assert!(got[..] == data[..]);
+    }
+    assert_eq!(client.short_circuit_reads(), 0, "DRAM blocks are not granted by copy");
+    assert_eq!(worker.grants.fd().shm_cached(), (0, 0), "no shared-memory copy was made");
+    assert_eq!(worker.grants.fd().held_leases(), 0);
+
+    // A DRAM block that a copying reader (a sidecar-style client) had copied already is
+    // granted from that copy.
+    let info = client.stat("/data/local/dram.bin").await.unwrap();
+    let req = ReadBlockRequest {
+        req_id: 1,
+        path: info.path.clone(),
+        version: info.version.clone(),
+        file_size: info.size,
+        block_size: info.block_size,
+        block_index: 0,
+        offset: 0,
+        len: MIB as u64,
+    };
+    let socket = worker.local_socket.clone().unwrap();
+    let mut stream = UnixStream::connect(&socket).await.unwrap();
+    if let Some(token) = cluster.admin_token() {
+        stream.write_all(&strata_common::frame::auth_request(&token)).await.unwrap();
+    }
+    let (head, _, fds) = open_block(&mut stream, &req).await;
+    assert!(head.status.is_ok() && fds.len() == 1, "a copying grant is still served");
+    assert_eq!(worker.grants.fd().shm_cached().0, 1);
+    let before = client.short_circuit_reads();
+    let got = client.read_range("/data/local/dram.bin", 5, 1000).await.unwrap();
+    assert!(got[..] == data[5..1005]);
+    assert_eq!(client.short_circuit_reads(), before + 1, "mapped from the kept copy");
 }

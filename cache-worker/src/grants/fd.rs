@@ -117,22 +117,40 @@ impl FdGrants {
         metrics::gauge!(m::SHORT_CIRCUIT_LEASES).set(self.leases.held() as f64);
     }
 
-    /// Reads the range and leases a descriptor that holds it.
+    /// Reads the range and leases a descriptor that holds it. Without `copy`, only a
+    /// descriptor that costs no copy: a verified block file (even of a block in DRAM as well)
+    /// or a kept shared-memory copy; nothing is fetched, and anything else is
+    /// [`GrantError::WouldCopy`].
     pub(super) async fn grant(
         &self,
         blocks: &BlockService,
         r: &BlockRead,
+        copy: bool,
     ) -> Result<(BlockGrant, Arc<OwnedFd>, Source), GrantError> {
         if !self.enabled {
             return Err(GrantError::Refused("short-circuit reads are off on this worker".into()));
         }
-        let Served { payload, source, key } = blocks.read_payload(r).await?;
-        let (fd, offset, kind, pin) = match payload {
-            Payload::File { file, offset, .. } => (Arc::new(OwnedFd::from(file)), offset, "file", None),
-            Payload::Bytes(range) => {
-                let (fd, offset, cached) = self.shared_memory(blocks, &key, r, range).await?;
-                let pin = cached.then(|| fd.clone());
-                (fd, offset, "shm", pin)
+        let (fd, offset, kind, pin, source) = if copy {
+            let Served { payload, source, key } = blocks.read_payload(r).await?;
+            match payload {
+                Payload::File { file, offset, .. } => {
+                    (Arc::new(OwnedFd::from(file)), offset, "file", None, source)
+                }
+                Payload::Bytes(range) => {
+                    let (fd, offset, cached) = self.shared_memory(blocks, &key, r, range).await?;
+                    let pin = cached.then(|| fd.clone());
+                    (fd, offset, "shm", pin, source)
+                }
+            }
+        } else {
+            match blocks.verified_file(r).await? {
+                (Some(Payload::File { file, offset, .. }), _) => {
+                    (Arc::new(OwnedFd::from(file)), offset, "file", None, Source::Nvme)
+                }
+                (_, key) => match self.shm().get(&key) {
+                    Some(fd) => (fd.clone(), r.offset, "shm", Some(fd), Source::Memory),
+                    None => return Err(GrantError::WouldCopy(format!("{} block {}", r.path, r.index))),
+                },
             }
         };
         let lease = self.leases.grant(pin).map_err(|e| GrantError::Refused(e.to_string()))?;
