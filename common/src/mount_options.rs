@@ -30,6 +30,7 @@ pub const STRATA_MOUNT_OPTIONS: &[&str] = &[
     "ufs_retries",
     "ufs_timeout",
     "ufs_io_timeout",
+    "ufs_read_parallelism",
 ];
 
 /// Default `write_replicas`: a write-back file survives the loss of one worker.

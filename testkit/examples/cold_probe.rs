@@ -3,7 +3,9 @@
 //! contiguous buffer), and cold 4 MiB blocks through a one-worker cluster, each at 1/4/8 in
 //! flight. `--no-nvme` gives the worker no NVMe tier, to see what filling it costs;
 //! `--write-through` writes each fetched block to NVMe at once instead of writing it back
-//! later (the default).
+//! later (the default). `--strata-only` skips the direct rows (for a profile); `--parallelism N` sets the mount's `ufs_read_parallelism`; `--mib N` sizes the object (256 by default). Each row ends with the CPU
+//! seconds this process (client and worker) and Garage spent on it, from `/proc`, so a row
+//! bound by the two cores can be told from one bound by waiting.
 //!
 //! ```sh
 //! source scripts/garage.sh && garage_start
@@ -20,7 +22,10 @@ const MIB: u64 = 1 << 20;
 #[tokio::main]
 async fn main() {
     let ufs = TestUfs::s3();
-    let size = 256 * MIB;
+    let args: Vec<String> = std::env::args().collect();
+    let mib = args.iter().position(|a| a == "--mib").map_or(256, |i| args[i + 1].parse().unwrap());
+    let size = mib * MIB;
+    let garage = garage_pid();
     let op = ufs.operator();
     let mut w = op.writer_with("p.bin").chunk(16 << 20).await.unwrap();
     let mut off = 0;
@@ -31,11 +36,17 @@ async fn main() {
         w.write(buf).await.unwrap();
     }
     w.close().await.unwrap();
-    let options = ufs.mount_options().into_iter().collect();
+    // `--parallelism N`: the mount's `ufs_read_parallelism` (requests one block read is split into).
+    let parallelism = args.iter().position(|a| a == "--parallelism").map(|i| args[i + 1].clone());
+    let extra: Vec<(String, String)> =
+        parallelism.iter().map(|p| ("ufs_read_parallelism".to_string(), p.clone())).collect();
+    let options = ufs.mount_options().into_iter().chain(extra.clone()).collect();
     let u = OpendalUfs::open(&ufs.uri(), &options).unwrap();
     let version = u.stat("p.bin").await.unwrap().version;
-    for inflight in [1usize, 4, 8] {
+    let direct_rows: &[usize] = if args.iter().any(|a| a == "--strata-only") { &[] } else { &[1, 4, 8] };
+    for &inflight in direct_rows {
         let t = Instant::now();
+        let cpu = Cpu::now(garage);
         futures::stream::iter((0..size).step_by(4 << 20))
             .map(|s| {
                 let op = op.clone();
@@ -45,7 +56,9 @@ async fn main() {
             .for_each(|_| async {})
             .await;
         let direct = size as f64 / MIB as f64 / t.elapsed().as_secs_f64();
+        let direct_cpu = cpu.since();
         let t = Instant::now();
+        let cpu = Cpu::now(garage);
         futures::stream::iter((0..size).step_by(4 << 20))
             .map(|s| {
                 let (u, v) = (&u, &version);
@@ -56,7 +69,8 @@ async fn main() {
             .await;
         let ufs_rate = size as f64 / MIB as f64 / t.elapsed().as_secs_f64();
         println!(
-            "in flight {inflight}: direct {direct:.0} MiB/s, OpendalUfs::read_range {ufs_rate:.0} MiB/s"
+            "in flight {inflight}: direct {direct:.0} MiB/s ({direct_cpu}), OpendalUfs::read_range {ufs_rate:.0} MiB/s ({})",
+            cpu.since()
         );
     }
 
@@ -66,7 +80,10 @@ async fn main() {
         workers: 1,
         memory_capacity: 2 * size,
         nvme_capacity: if std::env::args().any(|a| a == "--no-nvme") { 0 } else { 2 * size },
-        mount_options: vec![("block_size".into(), "4MiB".into()), ("metadata_ttl".into(), "1h".into())],
+        mount_options: [("block_size".into(), "4MiB".into()), ("metadata_ttl".into(), "1h".into())]
+            .into_iter()
+            .chain(extra)
+            .collect(),
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(opts, ufs).await;
@@ -79,6 +96,7 @@ async fn main() {
     for (inflight, range) in [(1usize, 0..blocks / 4), (4, blocks / 4..blocks / 2), (8, blocks / 2..blocks)] {
         let n = range.end - range.start;
         let t = Instant::now();
+        let cpu = Cpu::now(garage);
         futures::stream::iter(range)
             .map(|i| {
                 let (client, info) = (&client, &info);
@@ -88,6 +106,53 @@ async fn main() {
             .for_each(|_| async {})
             .await;
         let rate = (n * 4) as f64 / t.elapsed().as_secs_f64();
-        println!("strata cold blocks, in flight {inflight}: {rate:.0} MiB/s");
+        println!("strata cold blocks, in flight {inflight}: {rate:.0} MiB/s ({})", cpu.since());
     }
+}
+
+/// CPU seconds spent so far by this process and by Garage, and the wall clock.
+struct Cpu {
+    garage: Option<u32>,
+    own: f64,
+    store: f64,
+    at: Instant,
+}
+
+impl Cpu {
+    fn now(garage: Option<u32>) -> Self {
+        Self {
+            garage,
+            own: cpu_seconds("self"),
+            store: garage.map_or(0.0, |p| cpu_seconds(&p.to_string())),
+            at: Instant::now(),
+        }
+    }
+
+    /// "cpu: this process X s, garage Y s, wall Z s" since `now`.
+    fn since(&self) -> String {
+        let own = cpu_seconds("self") - self.own;
+        let store = self.garage.map_or(0.0, |p| cpu_seconds(&p.to_string())) - self.store;
+        format!(
+            "cpu: this process {own:.2} s, garage {store:.2} s, wall {:.2} s",
+            self.at.elapsed().as_secs_f64()
+        )
+    }
+}
+
+/// utime + stime of `/proc/<pid>/stat`, in seconds.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = [11, 12].iter().filter_map(|&i| fields.get(i)?.parse::<f64>().ok()).sum();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+fn garage_pid() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        (std::fs::read_to_string(e.path().join("comm")).ok()?.trim() == "garage").then_some(pid)
+    })
 }

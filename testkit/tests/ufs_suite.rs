@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use strata_client::ClientError;
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, eventually, fill_pattern, pattern, peak_rss_bytes};
+use strata_ufs::{OpendalUfs, Ufs, UfsError};
 use tokio::io::AsyncReadExt;
 
 const MIB: u64 = 1 << 20;
@@ -99,6 +100,42 @@ async fn range_reads_at_block_edges(ufs: TestUfs) {
             assert!(got[..] == data[off as usize..end], "edge {edge} off {off} len {len}");
         }
     }
+}
+
+/// `ufs_read_parallelism`: a block read as several concurrent range requests arrives whole and
+/// exact, and a piece of another version fails the read instead of mixing versions.
+async fn split_range_reads(ufs: TestUfs) {
+    let c = cluster(ufs).await;
+    let size = 9 * MIB + 5;
+    let (v1, v2) = (pattern(size as usize, 21), pattern(size as usize, 22));
+    c.ufs.put("split.bin", v1.clone()).await;
+    let options: std::collections::BTreeMap<String, String> = c
+        .ufs
+        .mount_options()
+        .into_iter()
+        .chain([
+            ("ufs_read_parallelism".to_string(), "4".to_string()),
+            ("block_size".to_string(), "4MiB".to_string()),
+        ])
+        .collect();
+    let client = c.client().await;
+    client.add_mount("/split", &c.ufs_uri(), options.clone().into_iter().collect()).await.unwrap();
+    assert_eq!(client.read_all("/split/split.bin").await.unwrap(), v1);
+    let got = client.read_range("/split/split.bin", 4 * MIB - 3, 4 * MIB + 6).await.unwrap();
+    assert!(got[..] == v1[(4 * MIB - 3) as usize..(8 * MIB + 3) as usize]);
+
+    let ufs = OpendalUfs::open(&c.ufs_uri(), &options).unwrap();
+    let old = ufs.stat("split.bin").await.unwrap().version;
+    assert!(ufs.read_range("split.bin", 0..4 * MIB, &old).await.unwrap()[..] == v1[..(4 * MIB) as usize]);
+    c.ufs.put("split.bin", v2.clone()).await;
+    let e = ufs.read_range("split.bin", 0..4 * MIB, &old).await.unwrap_err();
+    assert!(matches!(e, UfsError::VersionChanged(_)), "{e}");
+    let new = ufs.stat("split.bin").await.unwrap().version;
+    assert!(ufs.read_range("split.bin", MIB..size, &new).await.unwrap()[..] == v2[MIB as usize..]);
+    let e = OpendalUfs::open(&c.ufs_uri(), &[("ufs_read_parallelism".to_string(), "0".to_string())].into())
+        .err()
+        .expect("0 pieces is refused");
+    assert!(e.to_string().contains("ufs_read_parallelism"), "{e}");
 }
 
 async fn ten_thousand_small_objects(ufs: TestUfs) {
@@ -248,6 +285,7 @@ suite!(
     odd_key_names,
     zero_byte_objects,
     range_reads_at_block_edges,
+    split_range_reads,
     ten_thousand_small_objects,
     two_gib_object_streams_in_bounded_memory,
     overwritten_and_deleted_objects,

@@ -24,7 +24,8 @@ use strata_common::ErrorKind;
 use thiserror::Error;
 
 pub use opendal_ufs::{
-    DEFAULT_UFS_IO_TIMEOUT, DEFAULT_UFS_RETRIES, DEFAULT_UFS_TIMEOUT, OpendalFactory, OpendalUfs,
+    DEFAULT_UFS_IO_TIMEOUT, DEFAULT_UFS_READ_PARALLELISM, DEFAULT_UFS_RETRIES, DEFAULT_UFS_TIMEOUT,
+    MIN_UFS_READ_PIECE, OpendalFactory, OpendalUfs,
 };
 pub use spec::{SUPPORTED_SCHEMES, UfsSpec, is_secret_option, redact_options};
 pub use write::{UfsWrite, UfsWriter, WriteCapabilities};

@@ -24,6 +24,11 @@ pub const DEFAULT_UFS_RETRIES: usize = 4;
 pub const DEFAULT_UFS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest silence inside one UFS data transfer unless the mount sets `ufs_io_timeout`.
 pub const DEFAULT_UFS_IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests one range read is split into unless the mount sets `ufs_read_parallelism`.
+pub const DEFAULT_UFS_READ_PARALLELISM: usize = 1;
+/// Smallest piece of a split range read: below it a request's fixed cost outweighs what the
+/// parallel transfer saves.
+pub const MIN_UFS_READ_PIECE: u64 = 1 << 20;
 
 fn option<T>(
     options: &BTreeMap<String, String>,
@@ -47,6 +52,10 @@ pub struct OpendalUfs {
     /// How `list_recursive` runs on this service: a key-ordered paged listing (object stores),
     /// or a walk over directories.
     recursive_listing: RecursiveListing,
+    /// Concurrent requests a range read is split into (pieces of at least
+    /// [`MIN_UFS_READ_PIECE`]): one object-store stream runs at a fraction of the store's rate,
+    /// so a cold block arrives sooner in parallel pieces.
+    read_parallelism: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +126,9 @@ impl OpendalUfs {
             option(options, "ufs_retries", DEFAULT_UFS_RETRIES, |v| v.parse().ok().filter(|n| *n <= 20))?;
         let timeout = option(options, "ufs_timeout", DEFAULT_UFS_TIMEOUT, parse_duration)?;
         let io_timeout = option(options, "ufs_io_timeout", DEFAULT_UFS_IO_TIMEOUT, parse_duration)?;
+        let read_parallelism = option(options, "ufs_read_parallelism", DEFAULT_UFS_READ_PARALLELISM, |v| {
+            v.parse().ok().filter(|n| (1..=64).contains(n))
+        })?;
         let op = Operator::via_iter(scheme, config)
             .map_err(|e| UfsError::InvalidConfig(e.to_string()))?
             // Inside the retries: each attempt gets its own deadline, so a stalled response is
@@ -143,8 +155,14 @@ impl OpendalUfs {
         } else {
             RecursiveListing::Walk
         };
-        Ok(Self { op, conditional_reads, recursive_listing })
+        Ok(Self { op, conditional_reads, recursive_listing, read_parallelism })
     }
+}
+
+/// How many concurrent requests a range read of `len` bytes takes: up to `parallelism`, each
+/// piece at least [`MIN_UFS_READ_PIECE`].
+fn read_pieces(len: u64, parallelism: usize) -> usize {
+    (len / MIN_UFS_READ_PIECE).clamp(1, parallelism.max(1) as u64) as usize
 }
 
 pub(crate) fn map_err(path: &str, err: opendal::Error) -> UfsError {
@@ -251,6 +269,13 @@ impl Ufs for OpendalUfs {
             return Ok(Bytes::new());
         }
         let mut opts = ReadOptions { range: range.clone().into(), ..Default::default() };
+        let pieces = read_pieces(range.end - range.start, self.read_parallelism);
+        if pieces > 1 {
+            // Every piece is its own request with the same If-Match, so a version change
+            // between pieces fails the read rather than mixing versions.
+            opts.concurrent = pieces;
+            opts.chunk = Some((range.end - range.start).div_ceil(pieces as u64) as usize);
+        }
         if self.conditional_reads {
             opts.if_match = Some(version.to_string());
         }
@@ -502,13 +527,31 @@ mod config_tests {
             ("ufs_retries", "2"),
             ("ufs_timeout", "3s"),
             ("ufs_io_timeout", "500ms"),
+            ("ufs_read_parallelism", "8"),
             ("block_size", "1MiB"),
         ]);
         OpendalUfs::open("s3://b", &ok).unwrap();
-        for (k, v) in [("ufs_retries", "many"), ("ufs_timeout", "10"), ("ufs_io_timeout", "soon")] {
+        for (k, v) in [
+            ("ufs_retries", "many"),
+            ("ufs_timeout", "10"),
+            ("ufs_io_timeout", "soon"),
+            ("ufs_read_parallelism", "0"),
+            ("ufs_read_parallelism", "65"),
+        ] {
             let e = OpendalUfs::open("s3://b", &opts(&[(k, v)])).err().expect("must fail");
             assert!(e.to_string().contains(k), "{e}");
         }
+    }
+
+    #[test]
+    fn a_range_read_splits_into_pieces_of_at_least_a_mib() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(read_pieces(4 * MIB, 1), 1, "parallelism 1 never splits");
+        assert_eq!(read_pieces(4 * MIB, 4), 4);
+        assert_eq!(read_pieces(4 * MIB, 16), 4, "no piece under 1 MiB");
+        assert_eq!(read_pieces(MIB + MIB / 2, 4), 1);
+        assert_eq!(read_pieces(100, 4), 1);
+        assert_eq!(read_pieces(64 * MIB, 8), 8);
     }
 
     #[test]
