@@ -14,9 +14,12 @@
 //! - sequential read back of every block (`get`, checksums verified), with the page cache
 //!   dropped first (`echo 3 > /proc/sys/vm/drop_caches`, needs root) and warm;
 //! - random reads of 4 KiB and 64 KiB at 4 KiB-aligned offsets inside random blocks, 1 and 32
-//!   in flight, page cache dropped at the start and warm: ops/s, p50, p99. `NvmeTier` can only
-//!   serve a range by reading and verifying the whole block (`Tier::get`), which is what the
-//!   worker does; the glommio engine reads and verifies the covering 4 KiB chunks only;
+//!   in flight, page cache dropped at the start and warm: ops/s, p50, p99. For `NvmeTier` this
+//!   row reads and verifies the whole block (`Tier::get`), what the worker did before chunk
+//!   checksums; the glommio engine reads and verifies the covering 4 KiB chunks only;
+//! - `NvmeTier` only: the same random reads through `Tier::get_range` after reopening the tier,
+//!   so every block is unverified and each read checks the 64 KiB chunks it touches — what the
+//!   worker does now for a block it has not read whole since it started;
 //! - `NvmeTier` only: the same random reads straight from the block file (`locate` + pread, no
 //!   checksum — what the sendfile path serves), the bound of a buffered engine with range CRCs;
 //! - glommio only: a channel round trip tokio → glommio → tokio without I/O.
@@ -240,8 +243,18 @@ struct RandomRun {
     size: usize,
     concurrency: usize,
     secs: f64,
-    /// Through `Engine::read_unverified` instead of `Engine::read`.
-    unverified: bool,
+    path: ReadPath,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadPath {
+    /// `Engine::read`: the whole block read and verified (NvmeTier), or the covering chunks
+    /// (glommio).
+    Checked,
+    /// `Tier::get_range` of an unverified block: the covering 64 KiB chunks read and verified.
+    Chunks,
+    /// `Engine::read_unverified`: locate + pread, no check.
+    Unverified,
 }
 
 /// The write set every read test reads.
@@ -249,7 +262,7 @@ const READ_SET: &str = "d1";
 
 /// `run.concurrency` tasks reading for `run.secs`; returns (ops/s, p50 µs, p99 µs).
 async fn random_reads(engine: &Arc<Engine>, run: RandomRun) -> anyhow::Result<(f64, f64, f64)> {
-    let RandomRun { blocks: n, block, size, concurrency, secs, unverified } = run;
+    let RandomRun { blocks: n, block, size, concurrency, secs, path } = run;
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
@@ -263,10 +276,15 @@ async fn random_reads(engine: &Arc<Engine>, run: RandomRun) -> anyhow::Result<(f
                     let k = key(READ_SET, rng.random_range(0..n));
                     let offset = rng.random_range(0..slots) * 4 * KIB;
                     let began = Instant::now();
-                    let read = if unverified {
-                        engine.read_unverified(&k, offset, size).await?
-                    } else {
-                        engine.read(&k, offset, size).await?
+                    let read = match path {
+                        ReadPath::Checked => engine.read(&k, offset, size).await?,
+                        ReadPath::Unverified => engine.read_unverified(&k, offset, size).await?,
+                        ReadPath::Chunks => {
+                            let Some(t) = engine.as_nvme() else {
+                                bail!("get_range is measured on NvmeTier")
+                            };
+                            t.get_range(&k, offset as u64..(offset + size) as u64).await?
+                        }
                     };
                     match read {
                         Some(b) if b.len() == size => {}
@@ -338,19 +356,40 @@ async fn bench_engine(engine: Engine, dir: &Path, args: &Args, pool: &[Bytes]) -
         );
     }
 
-    // The unverified pass exists for NvmeTier only: see `Engine::read_unverified`.
-    let passes: &[bool] = if engine.as_nvme().is_some() { &[false, true] } else { &[false] };
-    for &unverified in passes {
+    // The unverified and chunk passes exist for NvmeTier only: see `ReadPath`.
+    let passes: &[ReadPath] = if engine.as_nvme().is_some() {
+        &[ReadPath::Checked, ReadPath::Unverified, ReadPath::Chunks]
+    } else {
+        &[ReadPath::Checked]
+    };
+    let mut engine = engine;
+    for &path in passes {
+        if path == ReadPath::Chunks {
+            // Reopened, every block is unverified, and range reads do not verify it.
+            let capacity = engine.as_nvme().map(|t| t.usage().capacity_bytes).unwrap_or_default();
+            drop(engine);
+            engine = Arc::new(Engine::Nvme(NvmeTier::open(dir, capacity)?));
+        }
         for size in [4 * KIB, 64 * KIB] {
             for concurrency in [1, 32] {
-                let how = if unverified { ": locate+pread, UNVERIFIED" } else { "" };
+                let how = match path {
+                    ReadPath::Checked if engine.as_nvme().is_some() => ": whole block get (checked)",
+                    ReadPath::Checked => "",
+                    ReadPath::Unverified => ": locate+pread, UNVERIFIED",
+                    ReadPath::Chunks => ": get_range, 64 KiB chunks checked",
+                };
                 let test = format!("random {} KiB reads, {concurrency} in flight{how}", size / KIB);
-                let run = RandomRun { blocks: n, block, size, concurrency, secs: args.secs, unverified };
+                let run = RandomRun { blocks: n, block, size, concurrency, secs: args.secs, path };
                 drop_caches(dir).await?;
                 let (ops, p50, p99) = random_reads(&engine, run).await?;
                 row(test.clone(), "dropped", format!("{ops:.0} ops/s"), Some((p50, p99)));
-                // Warm: every block read once, so a buffered engine serves from the page cache.
-                read_set(&engine, READ_SET, n, block, 4).await?;
+                // Warm: every block read once, so a buffered engine serves from the page cache
+                // (for the chunk pass without verifying anything, so its blocks stay unverified).
+                if path == ReadPath::Chunks {
+                    warm_unverified(&engine, n, block).await?;
+                } else {
+                    read_set(&engine, READ_SET, n, block, 4).await?;
+                }
                 let (ops, p50, p99) = random_reads(&engine, run).await?;
                 row(test, "warm", format!("{ops:.0} ops/s"), Some((p50, p99)));
             }
@@ -382,6 +421,14 @@ async fn bench_engine(engine: Engine, dir: &Path, args: &Args, pool: &[Bytes]) -
         engine.corrupt_blocks()
     );
     Ok(rows)
+}
+
+/// Reads every block of the read set through the page cache without verifying it.
+async fn warm_unverified(engine: &Arc<Engine>, n: u64, block: usize) -> anyhow::Result<()> {
+    for i in 0..n {
+        engine.read_unverified(&key(READ_SET, i), 0, block).await?;
+    }
+    Ok(())
 }
 
 /// Blocks of random bytes; block `i` of a set uses `pool[i % len]` (content does not matter to

@@ -312,6 +312,13 @@ impl BlockService {
     }
 
     async fn read_bytes(&self, r: &BlockRead, at: &Located) -> Result<(Bytes, Source), ServeError> {
+        // Part of a cached block: only that part is read (and checked) from NVMe.
+        if r.len < at.block_len
+            && let Some((out, source)) = self.cache.lookup_range(&at.key, r.offset..r.offset + r.len).await
+        {
+            self.served(out.len() as u64);
+            return Ok((out, source));
+        }
         let (bytes, source) = self.fetcher.block(at, Durability::WriteBack).await?;
         let start = r.offset as usize;
         let out = bytes.slice(start..start + r.len as usize);

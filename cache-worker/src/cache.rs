@@ -270,6 +270,36 @@ impl BlockCache {
         }
     }
 
+    /// Bytes `range` of a cached block: a slice of the DRAM copy, or from NVMe only what the
+    /// range needs (a block not yet verified is checked 64 KiB chunk by chunk, not whole). A
+    /// block hit often enough to be promoted is read whole then, as [`lookup`](Self::lookup)
+    /// does.
+    pub async fn lookup_range(&self, key: &BlockKey, range: std::ops::Range<u64>) -> Option<(Bytes, Source)> {
+        let (start, end) = (range.start as usize, range.end as usize);
+        match self.memory.get(key).await {
+            Ok(Some(b)) => {
+                self.hit(TierKind::Memory);
+                return Some((b.slice(start..end), Source::Memory));
+            }
+            Ok(None) => {}
+            Err(e) => warn!(block = %key, tier = "memory", err = %e, "tier read failed"),
+        }
+        if self.nvme.hits(key).saturating_add(1) >= PROMOTE_AT_NVME_HITS {
+            return self.lookup(key).await.map(|(b, source)| (b.slice(start..end), source));
+        }
+        match self.nvme.get_range(key, range).await {
+            Ok(Some(b)) => {
+                self.hit(TierKind::Nvme);
+                Some((b, Source::Nvme))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                warn!(block = %key, tier = "nvme", err = %e, "tier read failed");
+                None
+            }
+        }
+    }
+
     fn hit(&self, tier: TierKind) {
         self.counters.hits.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(m::CACHE_HITS, "tier" => tier.label()).increment(1);

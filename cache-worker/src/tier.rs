@@ -154,6 +154,12 @@ pub trait Tier: Send + Sync + 'static {
     fn kind(&self) -> TierKind;
     /// The block's bytes, or `None` on a miss (including a corrupt block, which is dropped).
     async fn get(&self, key: &BlockKey) -> Result<Option<Bytes>>;
+    /// Bytes `range` of the block (within it), or `None` on a miss. A tier that can check part
+    /// of a block (the NVMe tier's chunk checksums) reads and checks only what the range
+    /// needs; a corrupt part drops the block as `get` does.
+    async fn get_range(&self, key: &BlockKey, range: std::ops::Range<u64>) -> Result<Option<Bytes>> {
+        Ok(self.get(key).await?.map(|b| b.slice(range.start as usize..range.end as usize)))
+    }
     /// Stores a block, evicting blocks by S3-FIFO to make room. A block larger than
     /// the capacity is refused with `TooLarge`; a capacity of 0 disables the tier (every `put`
     /// is refused that way, every `get` misses).

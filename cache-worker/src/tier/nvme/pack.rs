@@ -133,7 +133,14 @@ pub(super) fn parse_entry_header(buf: &[u8]) -> Result<(Liveness, Header), Malfo
     let key_enc = &body[FIXED_LEN..];
     match BlockKey::decode(key_enc) {
         Some((key, used)) if used == key_enc.len() => {
-            Ok((liveness, Header { header_len, data_len: le_u64(body, 16), data_crc: le_u32(body, 24), key }))
+            let header = Header {
+                version: FORMAT_VERSION,
+                header_len,
+                data_len: le_u64(body, 16),
+                data_crc: le_u32(body, 24),
+                key,
+            };
+            Ok((liveness, header))
         }
         _ => Err("malformed key in entry"),
     }
