@@ -205,31 +205,38 @@ fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_corrupted_nvme_block_is_detected_and_refetched() {
-    // A block file of its own (packed small files: tests/small_files.rs).
+/// A one-worker cluster holding `data` as one NVMe block file of its own (not packed), with
+/// the data byte at `rot_at` flipped and the worker restarted, so DRAM is empty and the block
+/// unverified; and a client that knows the restarted worker.
+async fn one_rotten_nvme_block(name: &str, data: &[u8], rot_at: usize) -> (Cluster, strata_client::Client) {
     let opts = ClusterOptions {
         workers: 1,
         mount_options: vec![("pack_threshold".into(), "0".into())],
         ..ClusterOptions::default()
     };
     let mut cluster = Cluster::start(opts).await;
-    let data = pattern(MIB / 2, 5);
-    cluster.write_file("c.bin", &data);
+    cluster.write_file(name, data);
     let client = cluster.client().await;
-    assert_eq!(client.read_all("/data/c.bin").await.unwrap(), data);
+    assert_eq!(client.read_all(&format!("/data/{name}")).await.unwrap(), data);
     cluster.flush().await;
     let files = block_files(&cluster.nvme_dir(0));
     assert_eq!(files.len(), 1, "one block on NVMe");
-    // Flip a byte of the data (the file is a small header, the data, then 4 bytes of
-    // checksum per 64 KiB), then restart so DRAM is empty.
+    // The file is a small header, the data, then 4 bytes of checksum per 64 KiB.
     let mut raw = std::fs::read(&files[0]).unwrap();
-    let n = raw.len();
-    raw[n / 2] ^= 0xff;
+    let header = raw.len() - data.len() - 4 * data.len().div_ceil(65536);
+    raw[header + rot_at] ^= 0xff;
     std::fs::write(&files[0], &raw).unwrap();
     cluster.restart_worker(0).await;
     cluster.wait_for_live_workers(1).await;
     client.refresh_view().await.unwrap(); // the restarted worker's new port
+    (cluster, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupted_nvme_block_is_detected_and_refetched() {
+    // A block file of its own (packed small files: tests/small_files.rs).
+    let data = pattern(MIB / 2, 5);
+    let (cluster, client) = one_rotten_nvme_block("c.bin", &data, MIB / 4).await;
     let before = cluster.ufs_reads();
     assert_eq!(client.read_all("/data/c.bin").await.unwrap(), data, "corrupt bytes are never served");
     assert_eq!(cluster.ufs_reads(), before + 1, "the corrupt block was fetched again");
@@ -238,28 +245,9 @@ async fn a_corrupted_nvme_block_is_detected_and_refetched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_small_read_of_an_nvme_block_checks_only_its_own_64_kib() {
-    let opts = ClusterOptions {
-        workers: 1,
-        mount_options: vec![("pack_threshold".into(), "0".into())],
-        ..ClusterOptions::default()
-    };
-    let mut cluster = Cluster::start(opts).await;
+    // Rot in the data's sixth 64 KiB chunk.
     let data = pattern(4 * MIB, 6);
-    cluster.write_file("r.bin", &data);
-    let client = cluster.client().await;
-    assert_eq!(client.read_all("/data/r.bin").await.unwrap(), data);
-    cluster.flush().await;
-    let files = block_files(&cluster.nvme_dir(0));
-    assert_eq!(files.len(), 1, "one block on NVMe");
-    // Rot in the data's sixth 64 KiB chunk; the restart leaves the block unverified and DRAM
-    // empty.
-    let mut raw = std::fs::read(&files[0]).unwrap();
-    let header = raw.len() - 4 * MIB - 4 * 64;
-    raw[header + 5 * 65536 + 100] ^= 0xff;
-    std::fs::write(&files[0], &raw).unwrap();
-    cluster.restart_worker(0).await;
-    cluster.wait_for_live_workers(1).await;
-    client.refresh_view().await.unwrap();
+    let (cluster, client) = one_rotten_nvme_block("r.bin", &data, 5 * 65536 + 100).await;
     let before = cluster.ufs_reads();
 
     // 4 KiB across the first two chunks: served from NVMe with those two checked; a check of

@@ -1562,13 +1562,20 @@ impl Tier for NvmeTier {
     /// unverified one's is checked chunk by chunk, and does not make the block verified (only
     /// a whole read does). Packed entries, small, are read whole.
     async fn get_range(&self, key: &BlockKey, range: std::ops::Range<u64>) -> Result<Option<Bytes>> {
-        let touched = self.shared.lock().touch(key);
+        let touched = {
+            let mut index = self.shared.lock();
+            match index.slots.get(key) {
+                // `get` counts the hit of a packed entry, so it is not counted here as well.
+                Some(Slot::Ready(ready)) if ready.packed.is_some() => None,
+                _ => Some(index.touch(key)),
+            }
+        };
         let entry = match touched {
-            Some(entry) if entry.packed.is_none() => entry,
-            Some(_) => {
+            Some(Some(entry)) => entry,
+            Some(None) => return Ok(None),
+            None => {
                 return Ok(self.get(key).await?.map(|b| b.slice(range.start as usize..range.end as usize)));
             }
-            None => return Ok(None),
         };
         if range.end > entry.size || range.start > range.end {
             return Err(TierError::Io(io::Error::new(
