@@ -40,7 +40,8 @@ pub fn access_of(method: &str) -> Option<Access> {
     Some(match method {
         "GetMembership" | "ListMounts" | "Status" | "GetJob" | "ListJobs" | "ListSchedules" | "ListPins"
         | "ListCacheTtls" => Access::Any,
-        "Stat" | "StatMany" | "List" | "Find" | "GetBlockLocations" | "Locate" | "Sync" => Access::Read,
+        "Stat" | "StatMany" | "List" | "Find" | "GetBlockLocations" | "Locate" | "Sync" | "ReportLineage"
+        | "MarkLineage" | "LineageJob" | "LineageFile" | "ListLineageJobs" => Access::Read,
         "Delete" | "Mkdir" | "Invalidate" | "Rename" => Access::Write,
         "AddMount" | "RemoveMount" | "SubmitLoad" | "CancelJob" | "AddSchedule" | "RemoveSchedule"
         | "CreateToken" | "ListTokens" | "RevokeToken" | "Pin" | "Unpin" | "Free" | "SetCacheTtl" => {

@@ -61,9 +61,23 @@ pub struct MasterConfig {
     /// and `key` make it speak TLS; `client_auth` (with `ca`) requires every client and worker
     /// to present a certificate signed by `ca`. Default off.
     pub tls: TlsConfig,
+    /// Days lineage (which jobs read which file versions) is kept after its last read; 0
+    /// keeps it forever. Default 30.
+    pub lineage_retention_days: u64,
+    /// Most lineage records kept (one job's reads of one file version after one mark, about
+    /// 300 bytes of memory each); beyond it the least recently read are forgotten first, and
+    /// counted. Default 1000000.
+    pub lineage_max_records: usize,
 }
 
 impl MasterConfig {
+    pub fn lineage_settings(&self) -> crate::lineage::LineageSettings {
+        crate::lineage::LineageSettings {
+            retention: std::time::Duration::from_secs(self.lineage_retention_days.saturating_mul(86_400)),
+            max_records: self.lineage_max_records,
+        }
+    }
+
     /// The admin and worker token files, defaults filled in.
     pub fn token_files(&self) -> crate::auth::Bootstrap {
         crate::auth::Bootstrap {
@@ -98,6 +112,8 @@ impl Default for MasterConfig {
             admin_token_file: None,
             worker_token_file: None,
             tls: TlsConfig::default(),
+            lineage_retention_days: 30,
+            lineage_max_records: 1_000_000,
         }
     }
 }

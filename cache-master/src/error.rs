@@ -74,6 +74,8 @@ pub enum OpError {
     /// A write-back commit or upload report the master cannot take.
     #[error("write-back: {0}")]
     BadCommit(String),
+    #[error(transparent)]
+    Lineage(#[from] crate::lineage::LineageError),
 }
 
 fn ufs_message(path: &str, e: &UfsError) -> String {
@@ -106,6 +108,7 @@ impl OpError {
             Self::PinTooLarge { .. } => ErrorKind::ResourceExhausted,
             Self::Pinned { .. } | Self::TooManyFiles { .. } => ErrorKind::InvalidArgument,
             Self::Auth(e) => e.kind(),
+            Self::Lineage(e) => e.kind(),
             Self::FileToken { .. } => ErrorKind::InvalidArgument,
             Self::Mount(e) => e.kind(),
             Self::Ufs { source, .. } => source.kind(),

@@ -24,6 +24,7 @@ mod error;
 mod filter;
 mod ha;
 mod jobs;
+pub mod lineage;
 mod locks;
 mod membership;
 mod metadata;

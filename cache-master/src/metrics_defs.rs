@@ -35,5 +35,11 @@ pub const WRITEBACK_UPLOADS: &str = "strata_master_writeback_uploads_total";
 pub const PINS: &str = "strata_master_pins";
 /// Gauge, label `tier`: bytes under those pins when they were made.
 pub const PINNED_BYTES: &str = "strata_master_pinned_bytes";
+/// Gauge: lineage records kept (one job's reads of one file version after one mark).
+pub const LINEAGE_RECORDS: &str = "strata_master_lineage_records";
+/// Counter: lineage reports merged (one per client flush).
+pub const LINEAGE_REPORTS: &str = "strata_master_lineage_reports_total";
+/// Counter, label `why` (`retention`, `max_records`): lineage records forgotten.
+pub const LINEAGE_DROPPED: &str = "strata_master_lineage_dropped_total";
 /// Counter: frees queued (`strata free`).
 pub const FREES: &str = "strata_master_frees_total";

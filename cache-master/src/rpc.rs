@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use strata_proto as pb;
 use strata_proto::master_server::Master as MasterRpc;
-use strata_security::token::{Access, TokenRecord};
+use strata_security::token::{Access, Identity, TokenRecord};
 use strata_ufs::{ObjectMeta, redact_options};
 use tonic::{Request, Response, Status};
 
@@ -16,6 +16,7 @@ use crate::auth::{Tokens, check_path};
 use crate::cluster::{Cluster, FileBlocks, Heartbeat};
 use crate::error::OpError;
 use crate::jobs::{FileOutcome, JobInfo, LoadSettings, LoadTask, LoadTaskResult, Phase};
+use crate::lineage::ReadReport;
 use crate::metadata::Metadata;
 use crate::metrics_defs as m;
 use crate::mounts::{Mount, MountRecord};
@@ -64,6 +65,7 @@ pub struct Rpc {
     pub leader: String,
     pub tokens: Arc<Tokens>,
     pub pins: Arc<Pins>,
+    pub lineage: Arc<crate::lineage::Lineage>,
 }
 
 #[tonic::async_trait]
@@ -756,6 +758,90 @@ impl MasterRpc for Rpc {
         Ok(Response::new(token_info(&record)))
     }
 
+    async fn report_lineage(
+        &self,
+        req: Request<pb::ReportLineageRequest>,
+    ) -> RpcResult<pb::ReportLineageResponse> {
+        count("ReportLineage");
+        let identity = req.extensions().get::<Identity>().cloned();
+        let reader = identity.as_ref().map_or_else(|| "-".to_string(), |i| i.id.clone());
+        let r = req.into_inner();
+        let reads = r
+            .reads
+            .into_iter()
+            .map(|e| ReadReport {
+                path: e.path,
+                version: e.version,
+                ufs: e.ufs,
+                bytes: e.bytes,
+                reads: e.reads,
+                first_read_ms: e.first_read_ms,
+                last_read_ms: e.last_read_ms,
+            })
+            .collect();
+        let recorded = self
+            .lineage
+            .report(&r.job, &reader, reads, r.client_now_ms, |p| may_read(identity.as_ref(), p))
+            .map_err(|e| status("ReportLineage")(e.into()))?;
+        Ok(Response::new(pb::ReportLineageResponse { recorded: recorded as u32 }))
+    }
+
+    async fn mark_lineage(&self, req: Request<pb::MarkLineageRequest>) -> RpcResult<pb::LineageMark> {
+        count("MarkLineage");
+        let r = req.into_inner();
+        let mark = self.lineage.mark(&r.job, &r.label).map_err(|e| status("MarkLineage")(e.into()))?;
+        Ok(Response::new(lineage_mark(mark)))
+    }
+
+    async fn lineage_job(&self, req: Request<pb::LineageJobRequest>) -> RpcResult<pb::LineageJobResponse> {
+        count("LineageJob");
+        let identity = req.extensions().get::<Identity>().cloned();
+        let r = req.into_inner();
+        let found = self
+            .lineage
+            .job(&r.job, &r.since, &r.page_token, r.page_size as usize, |p| may_read(identity.as_ref(), p))
+            .map_err(|e| status("LineageJob")(e.into()))?;
+        Ok(Response::new(pb::LineageJobResponse {
+            job: found.job,
+            marks: found.marks.into_iter().map(lineage_mark).collect(),
+            records: found.records.into_iter().map(lineage_record).collect(),
+            next_page_token: found.next_page_token,
+        }))
+    }
+
+    async fn lineage_file(&self, req: Request<pb::LineageFileRequest>) -> RpcResult<pb::LineageFileResponse> {
+        count("LineageFile");
+        check_path(&req, Access::Read, &req.get_ref().path)?;
+        let r = req.into_inner();
+        let (records, next_page_token) = self
+            .lineage
+            .file(&r.path, &r.page_token, r.page_size as usize)
+            .map_err(|e| status("LineageFile")(e.into()))?;
+        Ok(Response::new(pb::LineageFileResponse {
+            records: records.into_iter().map(lineage_record).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_lineage_jobs(&self, req: Request<pb::Empty>) -> RpcResult<pb::LineageJobList> {
+        count("ListLineageJobs");
+        let identity = req.extensions().get::<Identity>().cloned();
+        let jobs = self.lineage.jobs(|p| may_read(identity.as_ref(), p));
+        Ok(Response::new(pb::LineageJobList {
+            jobs: jobs
+                .into_iter()
+                .map(|j| pb::LineageJob {
+                    job: j.job,
+                    files: j.files,
+                    bytes: j.bytes,
+                    first_read_ms: j.first_read_ms,
+                    last_read_ms: j.last_read_ms,
+                    marks: j.marks,
+                })
+                .collect(),
+        }))
+    }
+
     async fn worker_tokens(&self, _: Request<pb::WorkerTokensRequest>) -> RpcResult<pb::WorkerTokenTable> {
         count("worker_tokens");
         let (epoch, records) = self.tokens.for_workers();
@@ -769,6 +855,30 @@ impl MasterRpc for Rpc {
             })
             .collect();
         Ok(Response::new(pb::WorkerTokenTable { epoch, auth_enabled: self.tokens.enabled(), tokens }))
+    }
+}
+
+/// Whether the caller may read `path` (no identity: a unit test calling the handler directly).
+fn may_read(identity: Option<&Identity>, path: &str) -> bool {
+    identity.is_none_or(|i| i.check(Access::Read, Some(path)).is_ok())
+}
+
+fn lineage_mark(m: crate::lineage::MarkRecord) -> pb::LineageMark {
+    pb::LineageMark { job: m.job, seq: m.seq, label: m.label, at_ms: m.at_ms }
+}
+
+fn lineage_record(r: crate::lineage::LineageRecord) -> pb::LineageRecord {
+    pb::LineageRecord {
+        job: r.job,
+        path: r.path,
+        version: r.version,
+        ufs: r.ufs,
+        bytes: r.bytes,
+        reads: r.reads,
+        first_read_ms: r.first_read_ms,
+        last_read_ms: r.last_read_ms,
+        mark_seq: r.mark_seq,
+        reader: r.reader,
     }
 }
 

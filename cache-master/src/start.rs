@@ -24,6 +24,7 @@ use crate::auth::{Authed, Tokens};
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::jobs::Jobs;
+use crate::lineage::Lineage;
 use crate::membership::WorkerEntry;
 use crate::metadata::{Metadata, MetadataParams};
 use crate::mounts::{Mount, MountTable};
@@ -150,6 +151,7 @@ pub(crate) struct Stored {
     /// Write-back files acknowledged and not yet in the UFS.
     pending: Arc<WriteBack>,
     pins: Arc<Pins>,
+    lineage: Arc<Lineage>,
 }
 
 /// The stored state, and the ids of the jobs that were running (to resume).
@@ -174,6 +176,7 @@ pub(crate) fn load_state(
     let pending = Arc::new(WriteBack::load(store.clone(), clock.clone(), grace)?);
     let pins =
         Arc::new(Pins::new(store.load_pins()?, store.load_cache_ttls()?, store.clone(), clock.clone()));
+    let lineage = Arc::new(Lineage::load(store.clone(), clock.clone(), config.lineage_settings())?);
     info!(
         mounts = mounts.len(),
         resuming_jobs = resume.len(),
@@ -183,7 +186,7 @@ pub(crate) fn load_state(
         auth = config.auth,
         "master state loaded"
     );
-    Ok((Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins }, resume))
+    Ok((Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins, lineage }, resume))
 }
 
 /// The master's parts, each handed what it uses, and the token that stops them.
@@ -200,7 +203,7 @@ pub(crate) fn build_parts(
     factory: Arc<dyn UfsFactory>,
     clock: SharedClock,
 ) -> Parts {
-    let Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins } = stored;
+    let Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins, lineage } = stored;
     let cancel = CancellationToken::new();
     let metadata = Arc::new(Metadata::new(MetadataParams {
         mounts,
@@ -234,6 +237,7 @@ pub(crate) fn build_parts(
         leader: String::new(),
         tokens,
         pins,
+        lineage,
     };
     Parts { cluster, runner, rpc, cancel }
 }

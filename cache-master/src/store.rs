@@ -15,6 +15,7 @@ use strata_security::token::TokenRecord;
 use thiserror::Error;
 
 use crate::jobs::JobRecord;
+use crate::lineage::{LineageRecord, MarkRecord};
 use crate::membership::WorkerEntry;
 use crate::mounts::MountRecord;
 use crate::pins::{CacheTtlRecord, PinRecord};
@@ -30,6 +31,8 @@ const TOKENS: TableDefinition<&str, &str> = TableDefinition::new("tokens");
 const PENDING: TableDefinition<&str, &str> = TableDefinition::new("writeback");
 const PINS: TableDefinition<&str, &str> = TableDefinition::new("pins");
 const CACHE_TTLS: TableDefinition<&str, &str> = TableDefinition::new("cache_ttls");
+const LINEAGE: TableDefinition<&str, &str> = TableDefinition::new("lineage");
+const LINEAGE_MARKS: TableDefinition<&str, &str> = TableDefinition::new("lineage_marks");
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -98,6 +101,12 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load_cache_ttls(&self) -> Result<Vec<CacheTtlRecord>, StoreError>;
     fn put_cache_ttl(&self, record: &CacheTtlRecord) -> Result<(), StoreError>;
     fn delete_cache_ttl(&self, path: &str) -> Result<(), StoreError>;
+    /// Lineage records and marks (see `lineage`), keyed by their `store_key`.
+    fn load_lineage(&self) -> Result<(Vec<LineageRecord>, Vec<MarkRecord>), StoreError>;
+    /// Records and marks written in one transaction (etcd: in transactions of at most 100
+    /// writes, each applied whole).
+    fn put_lineage(&self, records: &[LineageRecord], marks: &[MarkRecord]) -> Result<(), StoreError>;
+    fn delete_lineage(&self, record_keys: &[String], mark_keys: &[String]) -> Result<(), StoreError>;
     /// Releases the underlying file so a new master in this process can open it.
     fn close(&self);
 }
@@ -120,6 +129,8 @@ impl RedbStore {
         txn.open_table(PENDING).map_err(db_err)?;
         txn.open_table(PINS).map_err(db_err)?;
         txn.open_table(CACHE_TTLS).map_err(db_err)?;
+        txn.open_table(LINEAGE).map_err(db_err)?;
+        txn.open_table(LINEAGE_MARKS).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         Ok(Self { db: Mutex::new(Some(db)) })
     }
@@ -274,6 +285,52 @@ impl MetaStore for RedbStore {
         self.delete(CACHE_TTLS, path)
     }
 
+    fn load_lineage(&self) -> Result<(Vec<LineageRecord>, Vec<MarkRecord>), StoreError> {
+        Ok((self.load_all(LINEAGE)?, self.load_all(LINEAGE_MARKS)?))
+    }
+
+    fn put_lineage(&self, records: &[LineageRecord], marks: &[MarkRecord]) -> Result<(), StoreError> {
+        let mut rows = Vec::with_capacity(records.len());
+        for r in records {
+            rows.push((r.store_key(), serde_json::to_string(r).map_err(db_err)?));
+        }
+        let mut mark_rows = Vec::with_capacity(marks.len());
+        for m in marks {
+            mark_rows.push((m.store_key(), serde_json::to_string(m).map_err(db_err)?));
+        }
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = txn.open_table(LINEAGE).map_err(db_err)?;
+                for (k, v) in &rows {
+                    table.insert(k.as_str(), v.as_str()).map_err(db_err)?;
+                }
+                let mut table = txn.open_table(LINEAGE_MARKS).map_err(db_err)?;
+                for (k, v) in &mark_rows {
+                    table.insert(k.as_str(), v.as_str()).map_err(db_err)?;
+                }
+            }
+            txn.commit().map_err(db_err)
+        })
+    }
+
+    fn delete_lineage(&self, record_keys: &[String], mark_keys: &[String]) -> Result<(), StoreError> {
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = txn.open_table(LINEAGE).map_err(db_err)?;
+                for k in record_keys {
+                    table.remove(k.as_str()).map_err(db_err)?;
+                }
+                let mut table = txn.open_table(LINEAGE_MARKS).map_err(db_err)?;
+                for k in mark_keys {
+                    table.remove(k.as_str()).map_err(db_err)?;
+                }
+            }
+            txn.commit().map_err(db_err)
+        })
+    }
+
     fn close(&self) {
         self.db.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -391,6 +448,15 @@ impl MetaStore for MemStore {
         self.write()?;
         self.cache_ttls.lock().unwrap().remove(path);
         Ok(())
+    }
+    fn load_lineage(&self) -> Result<(Vec<LineageRecord>, Vec<MarkRecord>), StoreError> {
+        Ok((Vec::new(), Vec::new()))
+    }
+    fn put_lineage(&self, _: &[LineageRecord], _: &[MarkRecord]) -> Result<(), StoreError> {
+        self.write()
+    }
+    fn delete_lineage(&self, _: &[String], _: &[String]) -> Result<(), StoreError> {
+        self.write()
     }
     fn close(&self) {}
 }

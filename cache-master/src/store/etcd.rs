@@ -5,7 +5,8 @@
 //! to its lease), `mounts/<path>`, `jobs/<id>`, `schedules/<id>` (JSON records, as in redb),
 //! `workers/<id>` (registered workers, so a new leader knows the ring at once), `tokens/<id>`
 //! (token hashes with their roles and scopes, never a token), `writeback/<path>` (write-back
-//! files acknowledged and not yet in the UFS).
+//! files acknowledged and not yet in the UFS), `lineage/<hash>` and `lineage_marks/<hash>`
+//! (which jobs read which file versions, see `lineage`).
 //!
 //! Invariants:
 //! - **One acting leader.** A master leads from the moment its transaction created `leader`
@@ -395,6 +396,24 @@ pub struct EtcdStore {
     pub revision: i64,
 }
 
+/// Most writes in one etcd transaction (etcd's `--max-txn-ops` defaults to 128).
+const MAX_TXN_OPS: usize = 100;
+
+impl EtcdStore {
+    /// Writes in transactions of at most [`MAX_TXN_OPS`], each fenced and applied whole. A
+    /// failure part way leaves the earlier chunks written; lineage tolerates it: its book in
+    /// memory is unchanged, so the client's retry of the report writes the right totals over
+    /// them.
+    fn in_chunks(&self, mut ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        while !ops.is_empty() {
+            let rest = ops.split_off(ops.len().min(MAX_TXN_OPS));
+            self.etcd.fenced_all(self.revision, ops)?;
+            ops = rest;
+        }
+        Ok(())
+    }
+}
+
 impl MetaStore for EtcdStore {
     fn load_mounts(&self) -> Result<Vec<MountRecord>, StoreError> {
         self.etcd.load_all("mounts")
@@ -499,6 +518,36 @@ impl MetaStore for EtcdStore {
     }
 
     /// The connection outlives a term; it is closed with the master ([`Etcd::close`]).
+    fn load_lineage(
+        &self,
+    ) -> Result<(Vec<crate::lineage::LineageRecord>, Vec<crate::lineage::MarkRecord>), StoreError> {
+        Ok((self.etcd.load_all("lineage")?, self.etcd.load_all("lineage_marks")?))
+    }
+
+    fn put_lineage(
+        &self,
+        records: &[crate::lineage::LineageRecord],
+        marks: &[crate::lineage::MarkRecord],
+    ) -> Result<(), StoreError> {
+        let mut ops = Vec::with_capacity(records.len() + marks.len());
+        for r in records {
+            ops.push(Etcd::put_op("lineage", &r.store_key(), r)?);
+        }
+        for m in marks {
+            ops.push(Etcd::put_op("lineage_marks", &m.store_key(), m)?);
+        }
+        self.in_chunks(ops)
+    }
+
+    fn delete_lineage(&self, record_keys: &[String], mark_keys: &[String]) -> Result<(), StoreError> {
+        let ops = record_keys
+            .iter()
+            .map(|k| TxnOp::delete(format!("{PREFIX}lineage/{k}"), None))
+            .chain(mark_keys.iter().map(|k| TxnOp::delete(format!("{PREFIX}lineage_marks/{k}"), None)))
+            .collect();
+        self.in_chunks(ops)
+    }
+
     fn close(&self) {}
 }
 
@@ -551,6 +600,44 @@ mod tests {
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
+    }
+
+    /// A lineage write larger than one etcd transaction is split, and a new leader loads it
+    /// whole; deletes are split likewise.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lineage_larger_than_a_transaction_round_trips() {
+        use crate::lineage::{LineageRecord, MarkRecord};
+        let etcd = local_etcd();
+        let a = connect(etcd.port).await;
+        let Ok(Campaign::Won { revision, .. }) = a.campaign("a:1", Duration::from_secs(5)).await else {
+            panic!("a leads")
+        };
+        a.set_term(Some(Term { revision }));
+        let store = EtcdStore { etcd: a.clone(), revision };
+        let records: Vec<LineageRecord> = (0..250)
+            .map(|i| LineageRecord {
+                job: "train".into(),
+                mark_seq: i % 3,
+                path: format!("/d/f{i}"),
+                version: "v1".into(),
+                ufs: format!("s3://b/f{i}"),
+                reader: "-".into(),
+                bytes: i,
+                reads: 1,
+                first_read_ms: 5,
+                last_read_ms: 6,
+            })
+            .collect();
+        let mark = MarkRecord { job: "train".into(), seq: 1, label: "epoch=1".into(), at_ms: 5 };
+        store.put_lineage(&records, std::slice::from_ref(&mark)).unwrap();
+        let (mut loaded, marks) = store.load_lineage().unwrap();
+        loaded.sort_by_key(|r| r.bytes);
+        assert_eq!(loaded, records);
+        assert_eq!(marks, vec![mark.clone()]);
+        let gone: Vec<String> = records[..120].iter().map(LineageRecord::store_key).collect();
+        store.delete_lineage(&gone, &[mark.store_key()]).unwrap();
+        let (loaded, marks) = store.load_lineage().unwrap();
+        assert_eq!((loaded.len(), marks.len()), (130, 0));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
