@@ -21,7 +21,7 @@ stratafs_tests() {
     pip=(python3 -m pip --python "$py")
   fi
   "${pip[@]}" install -q --disable-pip-version-check "maturin==1.16.0" fsspec pytest pytest-timeout pyarrow pandas torch \
-    s3fs boto3
+    s3fs boto3 jsonschema
   # The dev profile and the shared target dir reuse the dependencies the test build compiled
   # (those whose features agree: cargo unifies features per invocation, so crates that other
   # workspace members enable extra features of are compiled once more for this build).

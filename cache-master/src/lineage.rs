@@ -451,7 +451,9 @@ impl Lineage {
     /// Every job with lineage, summed over the records `visible` allows.
     pub fn jobs(&self, visible: impl Fn(&str) -> bool) -> Vec<JobSummary> {
         let state = self.lock();
-        let mut out: BTreeMap<&str, (JobSummary, std::collections::HashSet<(&str, &str)>)> = BTreeMap::new();
+        // Per job: its sums, and the (path, version) pairs it read.
+        type Summing<'a> = (JobSummary, std::collections::HashSet<(&'a str, &'a str)>);
+        let mut out: BTreeMap<&str, Summing<'_>> = BTreeMap::new();
         for (job, marks) in &state.marks {
             let entry = out.entry(job).or_default();
             entry.0.marks = marks.len() as u64;

@@ -23,6 +23,8 @@ pub struct Target {
     pub master: String,
     /// `--token-file`, read; `None` leaves the SDK's default (environment, standalone file).
     pub token: Option<String>,
+    /// `--job` / `STRATA_JOB`: the job reads are recorded under.
+    pub job: Option<String>,
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
@@ -31,7 +33,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Some(file) => Some(strata_security::token::read_token_file(file)?),
         None => None,
     };
-    let t = Target { master: cli.master.clone(), token };
+    let job = cli.job.as_deref().map(str::trim).filter(|j| !j.is_empty()).map(String::from);
+    let t = Target { master: cli.master.clone(), token, job };
     match cli.command {
         Command::Standalone(args) => standalone(&t.master, args, &cli.tls).await,
         Command::Master(args) => master(args, &cli.tls).await,
@@ -61,6 +64,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Warmup(args) => crate::warmup::warmup(&connect(&t).await?, args).await,
         Command::Job(cmd) => crate::warmup::job(&connect(&t).await?, cmd).await,
         Command::Token(cmd) => token_command(&t, cmd).await,
+        Command::Lineage(cmd) => crate::lineage::run(&connect(&t).await?, t.job.as_deref(), cmd).await,
     }
 }
 
@@ -83,6 +87,9 @@ async fn connect(target: &Target) -> Result<Client> {
     let mut config = ClientConfig::new(&target.master);
     if let Some(token) = &target.token {
         config.token = Some(strata_client::Token(token.clone()));
+    }
+    if target.job.is_some() {
+        config.job = target.job.clone();
     }
     connect_with(config).await
 }
@@ -563,6 +570,7 @@ async fn cat(target: &Target, path: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     stream_to(&mut reader, &mut stdout).await.with_context(|| format!("reading {path}"))?;
     stdout.flush()?;
+    report_lineage(&client).await;
     Ok(())
 }
 
@@ -588,7 +596,16 @@ async fn cp(target: &Target, path: &str, dest: &Path) -> Result<()> {
     file.sync_all()?;
     std::fs::rename(&tmp, &dest)?;
     eprintln!("copied {n} bytes to {}", dest.display());
+    report_lineage(&client).await;
     Ok(())
+}
+
+/// Sends what this command read to the master's lineage before it exits; a failure is said,
+/// not fatal: the bytes were read.
+async fn report_lineage(client: &Client) {
+    if let Err(e) = client.flush_lineage().await {
+        eprintln!("warning: the read was not recorded in the lineage: {e}");
+    }
 }
 
 fn parse_timeout(text: &str) -> Result<std::time::Duration> {

@@ -19,6 +19,8 @@ macro_rules! out {
 }
 
 mod commands;
+mod lineage;
+mod openlineage;
 mod warmup;
 
 use std::io::IsTerminal;
@@ -40,6 +42,10 @@ struct Cli {
     /// <STRATA_DIR or .strata>/admin.token. `strata worker` presents it to the master and peers.
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// The job this command reads for: its reads are recorded under it (see docs/LINEAGE.md),
+    /// and `strata lineage mark` marks it. Unset: reads are recorded as `anonymous`.
+    #[arg(long, global = true, env = "STRATA_JOB", value_name = "NAME")]
+    job: Option<String>,
     #[command(flatten)]
     tls: TlsArgs,
     #[command(subcommand)]
@@ -213,6 +219,10 @@ enum Command {
     /// Tokens and their roles (admin): create, ls, revoke. See docs/SECURITY.md.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Which jobs read which file versions, grouped by the marks of each run: job, file, jobs,
+    /// mark, export (OpenLineage). See docs/LINEAGE.md.
+    #[command(subcommand)]
+    Lineage(lineage::LineageCommand),
 }
 
 #[derive(Subcommand)]

@@ -537,3 +537,106 @@ fn reader_id(tokens: &serde_json::Value, name: &str) -> String {
     assert_eq!((t["role"].as_str(), t["prefix"].as_str()), (Some("reader"), Some("/d/a")));
     t["id"].as_str().unwrap().to_string()
 }
+
+/// `strata lineage`: reads of `cat` and `cp` recorded under `--job` / `STRATA_JOB` with the
+/// exact version each read (a file rewritten between two jobs: each names its own), grouped by
+/// marks, queried as text and JSON, by file, and exported as OpenLineage events.
+#[test]
+fn lineage_names_the_versions_each_job_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    std::fs::write(ufs.path().join("a.bin"), vec![1u8; 3000]).unwrap();
+    std::fs::write(ufs.path().join("b.bin"), vec![2u8; 5000]).unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let _node = start_standalone(dir.path(), &master, &format!("/d=file://{}", ufs.path().display()));
+    let version = |path: &str| -> String {
+        let o = run(&master, &["stat", "--sync", "--json", path]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["version"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let ok = |o: Output| {
+        assert!(o.status.success(), "{}", stderr(&o));
+        o
+    };
+    let (a1, b1) = (version("/d/a.bin"), version("/d/b.bin"));
+    ok(run(&master, &["--job", "train", "cat", "/d/a.bin"]));
+    ok(run(&master, &["--job", "train", "lineage", "mark", "epoch=1"]));
+    let copy = dir.path().join("b.copy");
+    ok(run(&master, &["--job", "train", "cp", "/d/b.bin", copy.to_str().unwrap()]));
+    // Rewritten in the UFS: the next job reads another version.
+    std::fs::write(ufs.path().join("b.bin"), vec![3u8; 7000]).unwrap();
+    let b2 = version("/d/b.bin");
+    assert_ne!(b1, b2);
+    let mut eval = strata();
+    eval.env("STRATA_JOB", "eval").env("STRATA_TOKEN_FILE", token_file_of(&master).unwrap());
+    ok(eval.args(["--master", &master, "cat", "/d/b.bin"]).output().unwrap());
+    // No job: anonymous.
+    ok(run(&master, &["cat", "/d/a.bin"]));
+
+    let job = |name: &str, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["lineage", "job", name, "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_slice(&ok(run(&master, &args)).stdout).unwrap()
+    };
+    let versions = |v: &serde_json::Value| -> Vec<(String, String, u64)> {
+        v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["path"].as_str().unwrap().into(),
+                    f["version"].as_str().unwrap().into(),
+                    f["bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let train = job("train", &[]);
+    assert_eq!(
+        versions(&train),
+        vec![("/d/a.bin".into(), a1.clone(), 3000), ("/d/b.bin".into(), b1.clone(), 5000)]
+    );
+    assert_eq!(train["marks"][0]["label"], "epoch=1");
+    let marks_of = |v: &serde_json::Value, path: &str| {
+        v["files"].as_array().unwrap().iter().find(|f| f["path"] == path).unwrap()["marks"].clone()
+    };
+    assert_eq!(marks_of(&train, "/d/a.bin"), serde_json::json!([0]));
+    assert_eq!(marks_of(&train, "/d/b.bin"), serde_json::json!([1]));
+    assert_eq!(versions(&job("train", &["--since", "epoch=1"])), vec![("/d/b.bin".into(), b1.clone(), 5000)]);
+    assert_eq!(versions(&job("eval", &[])), vec![("/d/b.bin".into(), b2.clone(), 7000)]);
+    assert_eq!(versions(&job("anonymous", &[])), vec![("/d/a.bin".into(), a1, 3000)]);
+
+    let file: serde_json::Value =
+        serde_json::from_slice(&ok(run(&master, &["lineage", "file", "/d/b.bin", "--json"])).stdout).unwrap();
+    let readers: Vec<(String, String)> = file["reads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["job"].as_str().unwrap().into(), r["version"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(readers, vec![("eval".into(), b2), ("train".into(), b1)]);
+    let text = String::from_utf8(ok(run(&master, &["lineage", "jobs"])).stdout).unwrap();
+    assert!(text.contains("train") && text.contains("eval") && text.contains("anonymous"), "{text}");
+
+    let unknown = run(&master, &["lineage", "job", "nobody", "--json"]);
+    assert!(!unknown.status.success());
+    assert!(stderr(&unknown).contains("no lineage recorded for job"), "{}", stderr(&unknown));
+    let bad_mark = run(&master, &["lineage", "job", "train", "--since", "epoch=9"]);
+    assert!(stderr(&bad_mark).contains("no mark"), "{}", stderr(&bad_mark));
+    let mut no_job = strata();
+    no_job.env_remove("STRATA_JOB").env("STRATA_TOKEN_FILE", token_file_of(&master).unwrap());
+    let o = no_job.args(["--master", &master, "lineage", "mark", "x"]).output().unwrap();
+    assert!(!o.status.success() && stderr(&o).contains("--job"), "{}", stderr(&o));
+
+    let events = dir.path().join("train.jsonl");
+    ok(run(&master, &["lineage", "export", "train", "--output", events.to_str().unwrap()]));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&events).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // Two segments (before the mark, after it), a START and a COMPLETE each.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert!(lines.iter().all(|e| e["job"]["name"] == "train"));
+}

@@ -183,7 +183,12 @@ impl Client {
         let mut changed = Vec::new();
         for (i, outcome) in self.read_batched(specs, one_block).await {
             match outcome {
-                Outcome::Done(answer) => out[i] = Some(answer),
+                Outcome::Done(answer) => {
+                    if let Ok(bytes) = &answer {
+                        self.record_read(&specs[i].info, bytes.len() as u64);
+                    }
+                    out[i] = Some(answer)
+                }
                 Outcome::Again => ordinary.push(i),
                 Outcome::Changed => changed.push(i),
             }

@@ -25,6 +25,7 @@ mod error;
 mod fsops;
 mod health;
 mod jobs;
+mod lineage;
 mod listings;
 mod local;
 pub mod outage;
@@ -60,6 +61,7 @@ pub use error::{ClientError, Result, Unserved};
 pub use fsops::{Copied, CopiedBy, Moved, StrataWriter};
 pub use health::HedgePolicy;
 pub use jobs::job_finished;
+pub use lineage::{JOB_ENV, LINEAGE_ENV, LINEAGE_FLUSH_ENV, LineageCounters, METRIC_LINEAGE_DROPPED};
 pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
 #[cfg(feature = "rdma")]
 pub use rdma::VerbsReader;
@@ -161,6 +163,16 @@ pub struct ClientConfig {
     /// `<STRATA_DIR or .strata>/admin.token` when it exists; `None` for a cluster with
     /// authentication off. Never printed (`Debug` shows whether one is set).
     pub token: Option<Token>,
+    /// The job this client reads for: its reads are recorded under it (docs/LINEAGE.md).
+    /// Default `STRATA_JOB` when set and not blank; `None` records them as `anonymous`.
+    pub job: Option<String>,
+    /// Record which file versions this client reads and report them to the master (see
+    /// `job`). Default true, unless `STRATA_LINEAGE` is `0`/`false`/`off`/`no`.
+    pub lineage: bool,
+    /// How often recorded reads are sent to the master; a process killed without flushing
+    /// loses at most this much of its record. Default `STRATA_LINEAGE_FLUSH` (`2s`, `500ms`),
+    /// else 2 s.
+    pub lineage_flush_interval: Duration,
 }
 
 /// A token, kept out of `Debug` output and logs.
@@ -204,6 +216,9 @@ impl ClientConfig {
             node: strata_common::node_from_env(),
             token: token_from_env(),
             tls: TlsConfig::from_env(),
+            job: lineage::job_from_env(),
+            lineage: lineage::enabled_by_env(),
+            lineage_flush_interval: lineage::flush_interval_from_env(),
         }
     }
 }
@@ -373,6 +388,14 @@ struct Inner {
     in_flight: spread::InFlight,
     outage: Outage,
     listings: Listings,
+    /// This client's reads not yet reported (none when lineage is off).
+    lineage: Option<Arc<lineage::Recorder>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        lineage::report_on_drop(self);
+    }
 }
 
 /// A cheap-to-clone handle; clones share connections and caches.
@@ -435,7 +458,8 @@ impl Client {
         };
         let first_master = channel.masters().first().cloned().unwrap_or_default();
         let view = View::empty(config.clock.now());
-        let client = Self::assemble(config, dial, transport, channel, view, HashMap::new());
+        let recorder = config.lineage.then(|| Arc::new(lineage::Recorder::new(config.job.as_deref())));
+        let client = Self::assemble(config, dial, transport, channel, view, HashMap::new(), recorder);
         let refreshed = match unreachable {
             None => client.refresh_view_with(can_bootstrap).await,
             Some(err) => Err(err),
@@ -625,7 +649,8 @@ impl Client {
         let transport = rdma::transport_for(config.rdma, &dial, config.request_timeout);
         let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone();
         let stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(Self::assemble(config, dial, transport, channel, view, stats))
+        let recorder = self.inner.lineage.as_ref().map(|r| Arc::new(r.carried_over()));
+        Ok(Self::assemble(config, dial, transport, channel, view, stats, recorder))
     }
 
     fn assemble(
@@ -635,6 +660,7 @@ impl Client {
         channel: LeaderChannel,
         view: View,
         stats: HashMap<String, (Instant, FileInfo)>,
+        recorder: Option<Arc<lineage::Recorder>>,
     ) -> Self {
         let credentials = dial.credentials.clone();
         let sidecar = config.sidecar_socket.as_ref().map(|p| {
@@ -665,34 +691,34 @@ impl Client {
                 credentials: credentials.clone(),
             })
         });
-        Self {
-            inner: Arc::new(Inner {
-                master: MasterClient::new(channel)
-                    .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES),
-                transport,
-                sidecar,
-                short_circuit,
-                local,
-                view: RwLock::new(view),
-                refreshing: tokio::sync::Mutex::new(()),
-                refresh_attempts: Default::default(),
-                stats: Mutex::new(stats),
-                failovers: Default::default(),
-                hedges: Default::default(),
-                local_reads: Default::default(),
-                health: health::Health::new(config.hedge),
-                in_flight: spread::InFlight::default(),
-                outage: Outage::new(
-                    config.master_outage_grace,
-                    config.membership_refresh,
-                    &config.master_addr,
-                ),
-                listings: Listings::new(config.listing_cache_entries),
-                config,
-                dial,
-            }),
+        let flush_every = config.lineage_flush_interval;
+        let inner = Arc::new(Inner {
+            master: MasterClient::new(channel)
+                .max_decoding_message_size(strata_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(strata_proto::MAX_MESSAGE_BYTES),
+            transport,
+            sidecar,
+            short_circuit,
+            local,
+            view: RwLock::new(view),
+            refreshing: tokio::sync::Mutex::new(()),
+            refresh_attempts: Default::default(),
+            stats: Mutex::new(stats),
+            failovers: Default::default(),
+            hedges: Default::default(),
+            local_reads: Default::default(),
+            health: health::Health::new(config.hedge),
+            in_flight: spread::InFlight::default(),
+            outage: Outage::new(config.master_outage_grace, config.membership_refresh, &config.master_addr),
+            listings: Listings::new(config.listing_cache_entries),
+            lineage: recorder.clone(),
+            config,
+            dial,
+        });
+        if let Some(recorder) = recorder {
+            lineage::spawn_flusher(Arc::downgrade(&inner), recorder, flush_every);
         }
+        Self { inner }
     }
 
     /// Block reads that another worker served after the owner failed (as the
@@ -1056,8 +1082,20 @@ impl Client {
         Ok(self.read_slice_to(info, slice, Sink::New).await?.unwrap_or_default())
     }
 
-    /// [`read_slice`](Self::read_slice) into `sink`: a new buffer (returned) or the caller's.
+    /// [`read_slice`](Self::read_slice) into `sink`: a new buffer (returned) or the caller's;
+    /// recorded for lineage once served, whichever way it was.
     async fn read_slice_to(
+        &self,
+        info: &FileInfo,
+        slice: BlockSlice,
+        sink: Sink<'_>,
+    ) -> Result<Option<Bytes>> {
+        let served = self.serve_slice(info, slice, sink).await?;
+        self.record_read(info, slice.len);
+        Ok(served)
+    }
+
+    async fn serve_slice(
         &self,
         info: &FileInfo,
         slice: BlockSlice,

@@ -15,14 +15,16 @@ use strata_proto::{
     AddMountRequest, BlockLocations, BlockLocationsRequest, CacheTtlInfo, CacheTtlList, ClusterStatus,
     CommitWriteRequest, CommitWriteResponse, CreateTokenRequest, CreateTokenResponse, DeleteRequest, Empty,
     FetchLoadTasksRequest, FileStatus, FindRequest, FindResponse, FreeRequest, FreeResponse,
-    HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, ListJobsRequest,
-    ListRequest, ListResponse, LoadTasks, LocateRequest, LocateResponse, Member, Membership, MkdirRequest,
-    MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest, RegisterWorkerResponse,
-    RemoveMountRequest, RenameRequest, RenameResponse, ReportLoadTasksRequest, ReportLoadTasksResponse,
-    RevokeTokenRequest, ScheduleId, ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest,
-    StatError, StatManyRequest, StatManyResponse, StatManyResult, StatRequest, SubmitLoadRequest,
-    SyncRequest, SyncResponse, TokenInfo, TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse,
-    WorkerMountsRequest, WorkerTokenTable, WorkerTokensRequest,
+    HeartbeatRequest, HeartbeatResponse, InvalidateRequest, JobId, JobInfo, JobList, LineageFileRequest,
+    LineageFileResponse, LineageJobList, LineageJobRequest, LineageJobResponse, LineageMark, ListJobsRequest,
+    ListRequest, ListResponse, LoadTasks, LocateRequest, LocateResponse, MarkLineageRequest, Member,
+    Membership, MkdirRequest, MountInfo, MountList, PinInfo, PinList, PinRequest, RegisterWorkerRequest,
+    RegisterWorkerResponse, RemoveMountRequest, RenameRequest, RenameResponse, ReportLineageRequest,
+    ReportLineageResponse, ReportLoadTasksRequest, ReportLoadTasksResponse, RevokeTokenRequest, ScheduleId,
+    ScheduleInfo, ScheduleList, ScheduleRequest, SetCacheTtlRequest, StatError, StatManyRequest,
+    StatManyResponse, StatManyResult, StatRequest, SubmitLoadRequest, SyncRequest, SyncResponse, TokenInfo,
+    TokenList, UnpinRequest, UploadResultRequest, UploadResultResponse, WorkerMountsRequest,
+    WorkerTokenTable, WorkerTokensRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -142,6 +144,11 @@ fake_master! {
     free(FreeRequest) -> FreeResponse;
     set_cache_ttl(SetCacheTtlRequest) -> CacheTtlInfo;
     list_cache_ttls(Empty) -> CacheTtlList;
+    report_lineage(ReportLineageRequest) -> ReportLineageResponse;
+    mark_lineage(MarkLineageRequest) -> LineageMark;
+    lineage_job(LineageJobRequest) -> LineageJobResponse;
+    lineage_file(LineageFileRequest) -> LineageFileResponse;
+    list_lineage_jobs(Empty) -> LineageJobList;
 }
 
 /// Answers every block read with an error frame of the kind its path names. A `BadFrame` is

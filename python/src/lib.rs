@@ -81,6 +81,8 @@ struct Shared {
     master: String,
     /// The token given to the constructor; `None`: the SDK's default (`STRATA_TOKEN`, ...).
     token: Option<String>,
+    /// The job reads are recorded under; `None`: the SDK's default (`STRATA_JOB`).
+    job: Option<String>,
     client: Mutex<Option<(u64, strata_client::Client)>>,
 }
 
@@ -119,6 +121,9 @@ impl Shared {
                 let mut config = ClientConfig::new(self.master.clone());
                 if let Some(token) = &self.token {
                     config.token = Some(strata_client::Token(token.clone()));
+                }
+                if self.job.is_some() {
+                    config.job = self.job.clone();
                 }
                 rt.block_on(strata_client::Client::connect(config)).map_err(to_py)?
             }
@@ -249,8 +254,9 @@ fn contiguous(buf: &PyBuffer<u8>) -> PyResult<(usize, usize)> {
     Ok((buf.buf_ptr() as usize, buf.len_bytes()))
 }
 
-/// A connection to a Strata cluster (through its master's `host:port`).
-#[pyclass(module = "stratafs._native", frozen)]
+/// A connection to a Strata cluster (through its master's `host:port`). Weakly referable: the
+/// Python layer keeps a weak set of clients to report their lineage at exit.
+#[pyclass(module = "stratafs._native", frozen, weakref)]
 struct Client {
     shared: Arc<Shared>,
 }
@@ -261,10 +267,11 @@ impl Client {
     /// token to present; default `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else
     /// a standalone's `<STRATA_DIR or .strata>/admin.token`.
     #[new]
-    #[pyo3(signature = (master, token=None))]
-    fn new(py: Python<'_>, master: String, token: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (master, token=None, job=None))]
+    fn new(py: Python<'_>, master: String, token: Option<String>, job: Option<String>) -> PyResult<Self> {
         let token = token.filter(|t| !t.is_empty());
-        let shared = Arc::new(Shared { master, token, client: Mutex::new(None) });
+        let job = job.map(|j| j.trim().to_string()).filter(|j| !j.is_empty());
+        let shared = Arc::new(Shared { master, token, job, client: Mutex::new(None) });
         py.detach(|| shared.run(|_, _, _| Ok(())))?;
         Ok(Self { shared })
     }
@@ -679,10 +686,75 @@ impl Client {
                     ("failovers", c.failovers()),
                     ("hedged_reads", c.hedged_reads()),
                     ("local_reads", c.local_reads()),
+                    ("lineage_reported", c.lineage_counters().reported),
+                    ("lineage_dropped", c.lineage_counters().dropped),
+                    ("lineage_pending", c.lineage_counters().pending),
                 ]
                 .into())
             })
         })
+    }
+
+    /// The job this client's reads are recorded under; None: anonymous.
+    #[getter]
+    fn job(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        py.detach(|| self.shared.run(|_, c, _| Ok(c.job().map(String::from))))
+    }
+
+    /// Marks a point in this client's job; its reads so far are reported first. Returns
+    /// (seq, label, at_ms).
+    fn lineage_mark(&self, py: Python<'_>, label: &str) -> PyResult<(u64, String, i64)> {
+        py.detach(|| {
+            self.shared.run(|rt, c, _| {
+                let mark = rt.block_on(c.lineage_mark(label)).map_err(to_py)?;
+                Ok((mark.seq, mark.label, mark.at_ms))
+            })
+        })
+    }
+
+    /// Reports this process's recorded reads now, if its client was used in this process (a
+    /// forked child that never read has nothing to report, and no connection is made).
+    fn lineage_flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let used_here = process::guarded(|| {
+                lock(&self.shared.client).as_ref().is_some_and(|(g, c)| {
+                    process::is_current(*g) || (process::is_shut_down(*g) && c.lineage_counters().pending > 0)
+                })
+            });
+            if !used_here {
+                return Ok(());
+            }
+            self.shared.run(|rt, c, _| rt.block_on(c.flush_lineage()).map_err(to_py))
+        })
+    }
+
+    /// What `job` read: {"job", "marks": [(seq, label, at_ms)], "records": [dict]} (see
+    /// docs/LINEAGE.md), from the mark `since` names on.
+    #[pyo3(signature = (job, since=""))]
+    fn lineage_job<'py>(&self, py: Python<'py>, job: &str, since: &str) -> PyResult<Bound<'py, PyDict>> {
+        let found =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.lineage_job(job, since)).map_err(to_py)))?;
+        let d = PyDict::new(py);
+        d.set_item("job", &found.job)?;
+        let marks: Vec<(u64, String, i64)> =
+            found.marks.into_iter().map(|m| (m.seq, m.label, m.at_ms)).collect();
+        d.set_item("marks", marks)?;
+        let records = PyList::empty(py);
+        for r in found.records {
+            let rd = PyDict::new(py);
+            rd.set_item("path", r.path)?;
+            rd.set_item("version", r.version)?;
+            rd.set_item("ufs", r.ufs)?;
+            rd.set_item("bytes", r.bytes)?;
+            rd.set_item("reads", r.reads)?;
+            rd.set_item("first_read_ms", r.first_read_ms)?;
+            rd.set_item("last_read_ms", r.last_read_ms)?;
+            rd.set_item("mark", r.mark_seq)?;
+            rd.set_item("reader", r.reader)?;
+            records.append(rd)?;
+        }
+        d.set_item("records", records)?;
+        Ok(d)
     }
 
     /// Worker ids that hold (first) each block of a file, from the placement ring: the same

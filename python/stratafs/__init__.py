@@ -18,12 +18,15 @@ surface", lists every difference.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import errno
 import io
+import multiprocessing.util
 import os
 import shutil
 import time
+import weakref
 from glob import has_magic
 from typing import Any
 
@@ -38,6 +41,33 @@ DEFAULT_MASTER: str = _native.DEFAULT_MASTER
 DEFAULT_PERSIST_TIMEOUT: float = 600.0
 # "The filesystem's setting" for keyword arguments where None means something (no limit).
 _FS_DEFAULT = object()
+
+# Every native client of this process, so the reads each recorded are reported before the
+# process exits (lineage, docs/LINEAGE.md): at interpreter exit, and in processes that
+# multiprocessing started (PyTorch DataLoader workers), which leave through its finalizers
+# rather than atexit.
+_clients: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _report_lineage() -> None:
+    for client in list(_clients):
+        try:
+            client.lineage_flush()
+        except Exception:  # noqa: BLE001 - an exiting process has no one to tell but the log
+            pass
+
+
+atexit.register(_report_lineage)
+
+
+class _ForkHook:
+    """multiprocessing clears its finalizers in each process it starts, then runs the hooks
+    registered with `register_after_fork` (which holds this object weakly: kept alive here)."""
+
+
+_FORK_HOOK = _ForkHook()
+multiprocessing.util.register_after_fork(
+    _FORK_HOOK, lambda _: multiprocessing.util.Finalize(None, _report_lineage, exitpriority=100))
 
 
 class StrataFileSystem(AbstractFileSystem):
@@ -55,6 +85,10 @@ class StrataFileSystem(AbstractFileSystem):
     (None: no limit). The same keywords given to ``open``, ``pipe_file`` or ``put_file``
     override them for that file.
 
+    ``job`` names the job this filesystem reads for (default ``$STRATA_JOB``): the cluster
+    records which version of which file it read (docs/LINEAGE.md); ``lineage_mark`` marks
+    points of its run. Without one, reads are recorded as ``anonymous``.
+
     The instance may be created before ``fork`` (PyTorch DataLoader workers, multiprocessing
     pools) and used in the children: each process builds its own runtime and connections on
     first use.
@@ -67,13 +101,15 @@ class StrataFileSystem(AbstractFileSystem):
     cachable = True
 
     def __init__(self, master: str | None = None, token: str | None = None, wait_persisted: bool = False,
-                 persist_timeout: float | None = DEFAULT_PERSIST_TIMEOUT, **kwargs: Any):
+                 persist_timeout: float | None = DEFAULT_PERSIST_TIMEOUT, job: str | None = None,
+                 **kwargs: Any):
         kwargs.pop("use_listings_cache", None)
         super().__init__(use_listings_cache=False, **kwargs)
         self.master = master or os.environ.get("STRATA_MASTER") or DEFAULT_MASTER
         self.wait_persisted = bool(wait_persisted)
         self.persist_timeout = persist_timeout
-        self._client = _native.Client(self.master, token)
+        self._client = _native.Client(self.master, token, job)
+        _clients.add(self._client)
 
     # ---- paths ----
 
@@ -297,8 +333,38 @@ class StrataFileSystem(AbstractFileSystem):
     def read_counters(self):
         """How this process's client read blocks (docs/PYTHON.md): a dict of
         short_circuit_reads (mapped from a worker on this host, or the sidecar, with no copy
-        through a socket), failovers, hedged_reads, local_reads."""
+        through a socket), failovers, hedged_reads, local_reads; and of its lineage record:
+        lineage_reported, lineage_dropped, lineage_pending (docs/LINEAGE.md)."""
         return self._client.read_counters()
+
+    # ---- lineage (docs/LINEAGE.md) ----
+
+    @property
+    def job(self):
+        """The job this filesystem's reads are recorded under; None: anonymous."""
+        return self._client.job
+
+    def lineage_mark(self, label: str):
+        """Marks a point in this job's run (``"epoch=3 step=12000"``): the reads so far are
+        reported first and grouped before it, later ones after it. Returns the mark as a dict
+        of seq, label, at (Unix seconds)."""
+        seq, label, at_ms = self._client.lineage_mark(label)
+        return {"seq": seq, "label": label, "at": at_ms / 1000.0}
+
+    def lineage_flush(self):
+        """Reports this process's recorded reads now (they are otherwise reported every 2 s and
+        at exit)."""
+        self._client.lineage_flush()
+
+    def lineage(self, job: str | None = None, since: str | None = None):
+        """What ``job`` (default this filesystem's job) read: a dict of job, marks (a list of
+        dicts seq, label, at) and records (dicts path, version, ufs, bytes, reads,
+        first_read_ms, last_read_ms, mark, reader), from the mark ``since`` names on
+        (``"#N"``: mark number N)."""
+        name = job or self.job or "anonymous"
+        found = self._client.lineage_job(name, since or "")
+        found["marks"] = [{"seq": s, "label": lbl, "at": at / 1000.0} for s, lbl, at in found["marks"]]
+        return found
 
     def placement(self, path):
         """Worker id that owns each block of a file on the placement ring (for diagnostics)."""
