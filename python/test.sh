@@ -33,5 +33,7 @@ stratafs_tests() {
   STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider --timeout 900 python/tests || return 1
   # The small-file benchmark at a smoke size (debug build, Garage): it runs and reads back every
   # file; its figures come from release builds on a quiet machine (docs/BENCHMARKS.md).
-  "$py" bench/small_files_bench.py --files 300 --strata-bin "$root/target/debug/strata" --memory 256MiB
+  "$py" bench/small_files_bench.py --files 300 --strata-bin "$root/target/debug/strata" --memory 256MiB || return 1
+  # The prefetch benchmark likewise: a cold shuffled epoch with and without hints, read back whole.
+  "$py" bench/prefetch_bench.py --files 300 --rounds 1 --strata-bin "$root/target/debug/strata" --memory 256MiB
 }

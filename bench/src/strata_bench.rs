@@ -99,6 +99,11 @@ struct Args {
     /// the warm path, e.g. under `perf record`, with the cold read a small part of the run.
     #[arg(long, default_value_t = 2)]
     warm_rounds: usize,
+    /// Runs each of warm 4 KiB random reads (concurrency 1 and 8) by a client recording lineage
+    /// under a job and by one with lineage off, alternating; 0 skips them. The best of each is
+    /// reported, every run is in the JSON.
+    #[arg(long, default_value_t = 0)]
+    lineage_rounds: usize,
 }
 
 /// One line of the report: a Strata figure next to its ceiling.
@@ -234,6 +239,10 @@ async fn main() {
         }
     }
 
+    if args.lineage_rounds > 0 {
+        rows.extend(lineage_rows(&args, &cluster, &info, run_for).await);
+    }
+
     if args.random_only {
         print_table(&args, readahead, &rows);
         write_json(&args, readahead, &rows, json!({"loopback_tcp_mib_s": mib_s(size, tcp)}));
@@ -270,6 +279,46 @@ async fn main() {
         "direct_ufs_read_mib_s": mib_s(size, direct),
     });
     write_json(&args, readahead, &rows, ceilings);
+}
+
+/// Warm 4 KiB random reads with lineage recorded (under a job) and off, alternating: what
+/// recording costs a read.
+async fn lineage_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Duration) -> Vec<Row> {
+    let client_with = |lineage: bool| {
+        let mut config = cluster.client_config();
+        config.short_circuit = false;
+        config.lineage = lineage;
+        config.job = lineage.then(|| "strata-bench".to_string());
+        Client::connect(config)
+    };
+    let (on, off) = (client_with(true).await.expect("connect"), client_with(false).await.expect("connect"));
+    let mut rows = Vec::new();
+    for concurrency in [1usize, 8] {
+        let (mut best_on, mut best_off) = (0.0f64, 0.0f64);
+        let mut runs = Vec::new();
+        for round in 0..args.lineage_rounds {
+            eprintln!(
+                "random 4 KiB x{concurrency}, lineage off then on ({}/{})",
+                round + 1,
+                args.lineage_rounds
+            );
+            let without = random_reads(&off, info, 4 * KIB, concurrency, run_for, false).await.ops_per_sec();
+            let with = random_reads(&on, info, 4 * KIB, concurrency, run_for, false).await.ops_per_sec();
+            best_off = best_off.max(without);
+            best_on = best_on.max(with);
+            runs.push(json!({"off_ops_s": without, "on_ops_s": with}));
+        }
+        rows.push(Row {
+            name: format!("random 4 KiB x{concurrency}, lineage on"),
+            unit: "ops/s",
+            value: best_on,
+            ceiling_name: "the same reads, lineage off",
+            ceiling: best_off,
+            extra: json!({"runs": runs, "reported": on.lineage_counters().reported}),
+        });
+    }
+    on.flush_lineage().await.expect("lineage reported");
+    rows
 }
 
 /// Every figure to `--json`, if given.
@@ -337,6 +386,7 @@ async fn tls_rows(args: &Args, cluster: &Cluster, plain: &Client, size: u64, tcp
             )),
             writeback: None,
             handoff: None,
+            prefetch: None,
         };
         tokio::spawn(strata_worker::dataplane::serve_tls(listener, server.clone(), plane, cancel.clone()));
     }

@@ -136,6 +136,9 @@ pub struct WorkerConfig {
     /// Blocks this worker has asked its peers to push and not received yet, at most; offers
     /// beyond are declined (and fetched on demand later). Default 256.
     pub handoff_queue: usize,
+    /// Fetches of the prefetch lane (blocks clients hinted they will read next) in flight at
+    /// once. Default 16.
+    pub prefetch_parallelism: usize,
 }
 
 /// A tier's watermarks, in percent of its capacity.
@@ -273,6 +276,7 @@ impl Default for WorkerConfig {
             handoff_bandwidth: crate::handoff::DEFAULT_HANDOFF_BANDWIDTH,
             handoff_batch: crate::handoff::DEFAULT_HANDOFF_BATCH,
             handoff_queue: crate::handoff::DEFAULT_HANDOFF_QUEUE,
+            prefetch_parallelism: crate::prefetch::DEFAULT_PREFETCH_PARALLELISM,
         }
     }
 }

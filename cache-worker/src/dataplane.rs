@@ -84,6 +84,17 @@ pub struct DataPlane {
     pub writeback: Option<Arc<crate::writeback::WriteBack>>,
     /// Blocks handed off by their previous owners (a worker's; a sidecar is on no ring).
     pub handoff: Option<Arc<crate::handoff::Receiver>>,
+    /// The prefetch lane (a worker's; a sidecar takes no hints).
+    pub prefetch: Option<Arc<crate::prefetch::Prefetcher>>,
+}
+
+impl DataPlane {
+    /// Tells the prefetch lane a client asked for a block (a hit, or a hint overtaken).
+    fn reading(&self, req: &ReadBlockRequest) {
+        if let Some(p) = &self.prefetch {
+            p.on_read(&req.path, &req.version, req.block_index);
+        }
+    }
 }
 
 /// The wire request as a storage request.
@@ -459,7 +470,10 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             Ok((frame::Op::ReadBlock, len)) => {
                 if let Some(req) = read_body(&mut stream, len, ReadBlockRequest::decode_body).await? {
                     match plane.auth.check(&mut session, Access::Read, Some(&req.path)) {
-                        Ok(()) => serve_read(&mut stream, &plane, &req).await?,
+                        Ok(()) => {
+                            plane.reading(&req);
+                            serve_read(&mut stream, &plane, &req).await?
+                        }
                         Err((kind, message)) => send_error(&mut stream, req.req_id, kind, &message).await?,
                     }
                 }
@@ -522,7 +536,10 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             Ok((frame::Op::OpenBlock, len)) => {
                 if let Some(open) = read_body(&mut stream, len, OpenBlock::decode_body).await? {
                     match plane.auth.check(&mut session, Access::Read, Some(&open.read.path)) {
-                        Ok(()) => serve_open(&mut stream, &plane, &open).await?,
+                        Ok(()) => {
+                            plane.reading(&open.read);
+                            serve_open(&mut stream, &plane, &open).await?
+                        }
                         Err((kind, message)) => {
                             send_error(&mut stream, open.read.req_id, kind, &message).await?
                         }
@@ -544,6 +561,28 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     match allowed.and_then(|()| plane.grants.remote_read(&rr)) {
                         Ok(bytes) => send_data(&mut stream, rr.req_id, Source::Memory, &bytes).await?,
                         Err((kind, message)) => send_error(&mut stream, rr.req_id, kind, &message).await?,
+                    }
+                }
+            }
+            Ok((frame::Op::Prefetch, len)) => {
+                if let Some(hints) = read_body(&mut stream, len, frame::PrefetchHints::decode_body).await? {
+                    let refused = hints
+                        .items
+                        .iter()
+                        .find_map(|r| plane.auth.check(&mut session, Access::Read, Some(&r.path)).err());
+                    match (refused, &plane.prefetch) {
+                        (Some((kind, message)), _) => {
+                            send_error(&mut stream, hints.req_id, kind, &message).await?
+                        }
+                        (None, None) => {
+                            let msg = "a sidecar takes no prefetch hints";
+                            send_error(&mut stream, hints.req_id, ErrorKind::Unavailable, msg).await?
+                        }
+                        (None, Some(prefetch)) => {
+                            let queued = prefetch.hint(hints.stream, &hints.items, Instant::now()) as u32;
+                            send_data(&mut stream, hints.req_id, Source::Memory, &queued.to_le_bytes())
+                                .await?
+                        }
                     }
                 }
             }
@@ -640,7 +679,10 @@ async fn read_item<'a>(
 ) -> (&'a ReadBlockRequest, Result<Result<Served, ServeError>, Refused>, Instant) {
     let started = Instant::now();
     let read = match allowed {
-        Ok(()) => Ok(plane.blocks.read_payload(&block_read(req)).await),
+        Ok(()) => {
+            plane.reading(req);
+            Ok(plane.blocks.read_payload(&block_read(req)).await)
+        }
         Err(refused) => Err(refused),
     };
     (req, read, started)

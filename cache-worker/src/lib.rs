@@ -30,6 +30,7 @@ mod master_link;
 pub mod metrics_defs;
 pub mod mounts;
 pub mod pins;
+pub mod prefetch;
 pub mod qos;
 pub mod sidecar;
 pub mod stats;
@@ -102,6 +103,8 @@ pub struct WorkerHandle {
     /// The Unix socket it serves processes on its host at (`WorkerConfig::socket_path`, made
     /// absolute), removed when it stops.
     pub local_socket: Option<PathBuf>,
+    /// The prefetch lane (blocks clients hinted they will read next).
+    pub prefetch: Arc<prefetch::Prefetcher>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -339,6 +342,7 @@ impl Worker {
             link: Arc::new(std::sync::OnceLock::new()),
             view: view.clone(),
         };
+        let prefetch = Arc::new(prefetch::Prefetcher::default());
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),
@@ -347,6 +351,7 @@ impl Worker {
             connections: connections.clone(),
             writeback: Some(writeback.clone()),
             handoff: Some(handoff.receiver.clone()),
+            prefetch: Some(prefetch.clone()),
         };
         // Bound before the TCP plane starts, so a bad socket path fails the start cleanly.
         let local = match &config.socket_path {
@@ -359,7 +364,12 @@ impl Worker {
             None => None,
         };
         let mut local_socket = None;
-        let mut tasks = Vec::new();
+        let mut tasks = vec![tokio::spawn(prefetch::run(
+            prefetch.clone(),
+            blocks.clone(),
+            config.prefetch_parallelism,
+            cancel.clone(),
+        ))];
         if let Some((path, listener)) = local {
             tasks.push(tokio::spawn(dataplane::serve_unix(listener, plane.clone(), cancel.clone())));
             local_socket = Some(path);
@@ -431,6 +441,7 @@ impl Worker {
             pins,
             handoff,
             local_socket,
+            prefetch,
             cancel,
             tasks: {
                 tasks.extend([http_task, link, loader, writeback, upkeep_task, handing_off]);

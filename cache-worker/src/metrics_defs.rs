@@ -31,6 +31,11 @@ pub const NVME_COMPACTED_ENTRIES: &str = "strata_worker_nvme_compacted_entries_t
 pub const UPKEEP_EVICTED_BLOCKS: &str = "strata_worker_upkeep_evicted_blocks_total";
 /// Counter, bytes, labels `tier` and `reason` as above: bytes the background upkeep evicted.
 pub const UPKEEP_EVICTED_BYTES: &str = "strata_worker_upkeep_evicted_bytes_total";
+/// Counter, label `result` (`fetched`, `cached`, `failed`, `dropped`, `hit`, `late`): blocks of
+/// the prefetch lane (docs/PYTHON.md, "Prefetch"): fetched ahead of the reader, already held,
+/// failed, dropped before they started (the reader's window moved on), read after the lane
+/// fetched them, or read before the lane got to them.
+pub const PREFETCH: &str = "strata_worker_prefetch_total";
 /// Counter: `ReadMany` requests (many block ranges in one round trip) served.
 pub const READ_MANY_REQUESTS: &str = "strata_worker_read_many_requests_total";
 /// Counter: block ranges asked in `ReadMany` requests (each answered as a block read is).

@@ -108,6 +108,7 @@ pub async fn start_with_clock(
         connections: connections.clone(),
         writeback: None,
         handoff: None,
+        prefetch: None,
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;

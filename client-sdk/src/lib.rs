@@ -29,6 +29,7 @@ mod lineage;
 mod listings;
 mod local;
 pub mod outage;
+mod prefetch;
 mod rdma;
 mod reader;
 pub mod shortcircuit;
@@ -63,6 +64,7 @@ pub use health::HedgePolicy;
 pub use jobs::job_finished;
 pub use lineage::{JOB_ENV, LINEAGE_ENV, LINEAGE_FLUSH_ENV, LineageCounters, METRIC_LINEAGE_DROPPED};
 pub use outage::{OUTAGE_GRACE_ENV, OutageCounters};
+pub use prefetch::{MAX_HINTED_BLOCKS_PER_FILE, METRIC_PREFETCH_UNKNOWN, Prefetched};
 #[cfg(feature = "rdma")]
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
@@ -390,6 +392,8 @@ struct Inner {
     listings: Listings,
     /// This client's reads not yet reported (none when lineage is off).
     lineage: Option<Arc<lineage::Recorder>>,
+    /// Workers each prefetch stream last hinted.
+    prefetch: prefetch::Streams,
 }
 
 impl Drop for Inner {
@@ -712,6 +716,7 @@ impl Client {
             outage: Outage::new(config.master_outage_grace, config.membership_refresh, &config.master_addr),
             listings: Listings::new(config.listing_cache_entries),
             lineage: recorder.clone(),
+            prefetch: Default::default(),
             config,
             dial,
         });

@@ -134,6 +134,10 @@ pub enum Op {
     /// Many block ranges in one request ([`ReadMany`]): one response frame per item, in the
     /// order of the items, each under the item's own request id.
     ReadMany = 17,
+    /// The whole blocks a reader will ask for next, in order ([`PrefetchHints`]): they replace
+    /// what the same stream hinted before, and the worker fetches them in its prefetch lane.
+    /// Answered with a data frame whose payload is `accepted:u32`.
+    Prefetch = 19,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -311,6 +315,64 @@ impl ReadMany {
     }
 }
 
+/// Most blocks one [`PrefetchHints`] names.
+pub const MAX_PREFETCH_ITEMS: usize = 4096;
+/// Largest [`PrefetchHints`] body.
+pub const MAX_PREFETCH_BODY: usize = 4 << 20;
+
+/// Whole blocks a reader will ask for next, in the order it will ([`Op::Prefetch`]):
+/// `req_id:u64 stream:u64 count:u32`, then `count` bodies as [`ReadBlockRequest`] encodes them
+/// (offset and length ignored: whole blocks). `stream` names one reader (a sampler); each
+/// message replaces what the stream hinted before, so hints the reader has passed are dropped.
+/// Zero items clears the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefetchHints {
+    pub req_id: u64,
+    pub stream: u64,
+    pub items: Vec<ReadBlockRequest>,
+}
+
+impl PrefetchHints {
+    /// Whether `next` can join items whose bodies take `body` bytes (and `count` of them).
+    pub fn fits(count: usize, body: usize, next: &ReadBlockRequest) -> bool {
+        count < MAX_PREFETCH_ITEMS && 20 + body + next.body_len() <= MAX_PREFETCH_BODY
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let body_len = 20 + self.items.iter().map(ReadBlockRequest::body_len).sum::<usize>();
+        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + body_len);
+        out.extend_from_slice(&request_header(Op::Prefetch, body_len));
+        out.extend_from_slice(&self.req_id.to_le_bytes());
+        out.extend_from_slice(&self.stream.to_le_bytes());
+        out.extend_from_slice(&(self.items.len() as u32).to_le_bytes());
+        for item in &self.items {
+            item.write_body(&mut out);
+        }
+        out
+    }
+
+    pub fn decode_body(body: &[u8]) -> Result<Self, FrameError> {
+        if body.len() > MAX_PREFETCH_BODY {
+            return Err(FrameError::BodyTooLarge(body.len()));
+        }
+        let mut r = Reader { buf: body, pos: 0 };
+        let req_id = r.u64()?;
+        let stream = r.u64()?;
+        let count = r.u32()? as usize;
+        if count > MAX_PREFETCH_ITEMS {
+            return Err(FrameError::Malformed);
+        }
+        let mut items = Vec::with_capacity(count);
+        for _ in 0..count {
+            items.push(ReadBlockRequest::read_from(&mut r)?);
+        }
+        if r.pos != body.len() {
+            return Err(FrameError::Malformed);
+        }
+        Ok(Self { req_id, stream, items })
+    }
+}
+
 /// Most blocks one [`HandOffOffer`] names.
 pub const MAX_HANDOFF_OFFER_BLOCKS: usize = 1024;
 /// Longest encoded [`BlockKey`] a hand-off carries (a file identity is a URI and a path).
@@ -413,6 +475,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         16 => Op::PeerFetch,
         18 => Op::Copy,
         17 => Op::ReadMany,
+        19 => Op::Prefetch,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -432,6 +495,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::HandOffBlock => 8 + 4 + MAX_BLOCK_KEY_LEN + crate::MAX_BLOCK_SIZE as usize,
         Op::Copy => MAX_COPY_BODY,
         Op::ReadMany => MAX_READ_MANY_BODY,
+        Op::Prefetch => MAX_PREFETCH_BODY,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
@@ -1490,6 +1554,28 @@ mod tests {
         assert!(!ReadMany::fits(MAX_READ_MANY_ITEMS, 0, &sample()));
     }
 
+    #[test]
+    fn prefetch_hints_round_trip_and_are_bounded() {
+        let hints = PrefetchHints { req_id: 9, stream: 77, items: vec![item(0, "/d/a"), item(0, "/d/ü/b")] };
+        let frame = hints.encode();
+        let header: [u8; REQUEST_HEADER_LEN] = frame[..REQUEST_HEADER_LEN].try_into().unwrap();
+        assert_eq!(decode_request_header(&header).unwrap(), (Op::Prefetch, frame.len() - REQUEST_HEADER_LEN));
+        assert_eq!(PrefetchHints::decode_body(&frame[REQUEST_HEADER_LEN..]).unwrap(), hints);
+        // No items: a stream cleared.
+        let clear = PrefetchHints { req_id: 1, stream: 77, items: Vec::new() };
+        assert_eq!(PrefetchHints::decode_body(&clear.encode()[REQUEST_HEADER_LEN..]).unwrap(), clear);
+        let body = &frame[REQUEST_HEADER_LEN..];
+        assert_eq!(PrefetchHints::decode_body(&body[..body.len() - 1]), Err(FrameError::Malformed));
+        let mut more = body.to_vec();
+        more[16..20].copy_from_slice(&(MAX_PREFETCH_ITEMS as u32 + 1).to_le_bytes());
+        assert_eq!(PrefetchHints::decode_body(&more), Err(FrameError::Malformed));
+        assert!(matches!(
+            decode_request_header(&request_header(Op::Prefetch, MAX_PREFETCH_BODY + 1)),
+            Err(FrameError::BodyTooLarge(_))
+        ));
+        assert!(!PrefetchHints::fits(MAX_PREFETCH_ITEMS, 0, &sample()));
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -1521,6 +1607,7 @@ mod tests {
         #[test]
         fn arbitrary_read_many_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..600)) {
             let _ = ReadMany::decode_body(&body);
+            let _ = PrefetchHints::decode_body(&body);
             // The same bytes after a valid count, so decoding reaches the items.
             let mut counted = 3u32.to_le_bytes().to_vec();
             counted.extend_from_slice(&body);

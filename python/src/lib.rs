@@ -695,6 +695,19 @@ impl Client {
         })
     }
 
+    /// Tells the workers that `paths`, in this order, are what `stream` reads next (its whole
+    /// window, replacing the previous one; empty clears it). Returns (queued blocks, unknown
+    /// paths skipped, workers told).
+    fn prefetch(&self, py: Python<'_>, stream: u64, paths: Vec<String>) -> PyResult<(u64, u64, usize)> {
+        py.detach(|| {
+            self.shared.run(|rt, c, _| {
+                let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+                let done = rt.block_on(c.prefetch(stream, &refs)).map_err(to_py)?;
+                Ok((done.queued, done.unknown, done.workers))
+            })
+        })
+    }
+
     /// The job this client's reads are recorded under; None: anonymous.
     #[getter]
     fn job(&self, py: Python<'_>) -> PyResult<Option<String>> {

@@ -337,6 +337,27 @@ class StrataFileSystem(AbstractFileSystem):
         lineage_reported, lineage_dropped, lineage_pending (docs/LINEAGE.md)."""
         return self._client.read_counters()
 
+    # ---- prefetch ----
+
+    def prefetch(self, paths, stream: int | None = None):
+        """Tells the cluster that ``paths``, in this order, are what this reader reads next:
+        the workers owning their blocks fetch them ahead (docs/PYTHON.md, "Prefetch"). Each
+        call is the stream's whole window and replaces the previous one, so files the reader
+        has passed are not fetched late; ``[]`` clears it. ``stream`` names the reader (default:
+        one per filesystem and process). Paths that name no file are skipped and counted.
+        Returns a dict of queued (blocks), unknown (paths skipped), workers (told)."""
+        if stream is None:
+            stream = self._default_stream()
+        queued, unknown, workers = self._client.prefetch(int(stream), [self._strip_protocol(p) for p in paths])
+        return {"queued": queued, "unknown": unknown, "workers": workers}
+
+    def _default_stream(self) -> int:
+        pid = os.getpid()
+        if getattr(self, "_stream_pid", None) != pid:
+            self._stream_pid = pid
+            self._stream = int.from_bytes(os.urandom(8), "little") >> 1
+        return self._stream
+
     # ---- lineage (docs/LINEAGE.md) ----
 
     @property

@@ -67,6 +67,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         connections: Arc::new(Connections::from_config(&config)),
         writeback: None,
         handoff: None,
+        prefetch: None,
         // Limits and deadlines are what these tests are about: every peer is admitted by the
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),

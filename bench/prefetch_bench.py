@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""A cold, shuffled epoch of small files on Garage through a PyTorch DataLoader, with and
+without prefetch hints (issue 19's benchmark; docs/PYTHON.md, "Prefetch").
+
+Each round reads two fresh sets of FILES x SIZE objects (nothing cached, nothing loaded), one
+without hints and one through `stratafs.torch.PrefetchSampler`; the order of the two alternates
+between rounds, so both see the same machine. The dataset's index (one `find`) is built before
+the clock starts. Reports files/s of each epoch and the ratio hints / no hints, with the load
+average at the start and the end.
+
+Needs a Garage from scripts/garage.sh (STRATA_TEST_S3_* in the environment), a release `strata`
+binary (cargo build --release --bin strata; or --strata-bin), and `pip install ./python torch
+boto3`:
+
+  bash -c 'source scripts/garage.sh && garage_start && env | grep STRATA_TEST_S3 \\
+      | sed "s/^/export /" > /tmp/garage.env && sleep 100000' &
+  source /tmp/garage.env && python3 bench/prefetch_bench.py --files 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import fsspec
+from botocore.config import Config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from small_files_bench import REPO, Standalone, env, threaded  # noqa: E402
+
+KiB = 1 << 10
+
+
+class Samples:
+    """A map-style dataset over strata:// files, as a training job's Dataset is."""
+
+    def __init__(self, fs, paths, size):
+        self.fs, self.paths, self.size = fs, paths, size
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        data = self.fs.cat_file(self.paths[i])
+        if len(data) != self.size:
+            raise RuntimeError(f"{self.paths[i]}: {len(data)} bytes, not {self.size}")
+        return len(data)
+
+
+def epoch(fs, root, size, workers, hints, lookahead, seed):
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from stratafs.torch import PrefetchSampler
+
+    paths = sorted(fs.find(root))
+    dataset = Samples(fs, paths, size)
+    sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    if hints:
+        sampler = PrefetchSampler(sampler, fs, paths, lookahead=lookahead)
+    loader = DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=workers,
+                        multiprocessing_context="fork", timeout=600)
+    started = time.perf_counter()
+    total = sum(loader)
+    seconds = time.perf_counter() - started
+    if total != len(paths) * size:
+        raise SystemExit(f"read {total} bytes, not {len(paths) * size}")
+    return len(paths), seconds
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--size", type=int, default=64 * KiB, help="bytes per file")
+    ap.add_argument("--workers", type=int, default=4, help="DataLoader workers")
+    ap.add_argument("--lookahead", type=int, default=512, help="files hinted ahead of the sampler")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--strata-bin", default=str(REPO / "target" / "release" / "strata"))
+    ap.add_argument("--memory", default="4GiB", help="DRAM tier of the standalone worker")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+
+    endpoint, bucket = env("STRATA_TEST_S3_ENDPOINT"), env("STRATA_TEST_S3_BUCKET")
+    key, secret = env("STRATA_TEST_S3_ACCESS_KEY"), env("STRATA_TEST_S3_SECRET_KEY")
+    region = os.environ.get("STRATA_TEST_S3_REGION", "garage")
+    boto = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
+                        region_name=region, config=Config(max_pool_connections=64))
+    prefix = f"pfbench-{uuid.uuid4().hex[:8]}"
+    sets = [f"r{r}-{kind}" for r in range(args.rounds) for kind in ("plain", "hinted")]
+    blob = os.urandom(args.size)
+    keys = [f"{prefix}/{s}/{i // 1000:02}/f{i:05}.bin" for s in sets for i in range(args.files)]
+    print(f"writing {len(keys)} x {args.size} B to s3://{bucket}/{prefix}", flush=True)
+
+    def put(k):
+        boto.put_object(Bucket=bucket, Key=k, Body=blob)
+        return 1
+
+    threaded(put, keys, 32)
+    load_start = os.getloadavg()
+    cluster = Standalone(args.strata_bin, args.memory)
+    results = []
+    try:
+        cluster.cli("mount", "add", "/bench", f"s3://{bucket}/{prefix}", "-o", f"endpoint={endpoint}",
+                    "-o", f"region={region}", "-o", f"access_key_id={key}", "-o", f"secret_access_key={secret}",
+                    "-o", "metadata_ttl=10m")
+        fs = fsspec.filesystem("strata", master=cluster.master, skip_instance_cache=True)
+        for r in range(args.rounds):
+            order = [False, True] if r % 2 == 0 else [True, False]
+            for hints in order:
+                root = f"/bench/r{r}-{'hinted' if hints else 'plain'}"
+                n, seconds = epoch(fs, root, args.size, args.workers, hints, args.lookahead, seed=r)
+                results.append({"round": r, "hints": hints, "files": n, "seconds": seconds, "files_per_s": n / seconds})
+                print(f"  round {r} {'hints   ' if hints else 'no hints'} {seconds:7.2f}s {n / seconds:8.0f} files/s",
+                      flush=True)
+    finally:
+        cluster.stop()
+    load_end = os.getloadavg()
+    print(f"\nload average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end; "
+          f"{args.files} x {args.size // KiB} KiB, {args.workers} DataLoader workers, lookahead {args.lookahead}")
+    print("| round | no hints files/s | hints files/s | ratio |\n| --- | --- | --- | --- |")
+    for r in range(args.rounds):
+        plain = next(x for x in results if x["round"] == r and not x["hints"])
+        hinted = next(x for x in results if x["round"] == r and x["hints"])
+        print(f"| {r} | {plain['files_per_s']:.0f} | {hinted['files_per_s']:.0f} | "
+              f"{hinted['files_per_s'] / plain['files_per_s']:.2f}x |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "load_start": load_start,
+                                               "load_end": load_end, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
