@@ -51,6 +51,8 @@ pub enum LineageError {
     BadLabel(String, &'static str),
     #[error("lineage report entry for {path:?}: {why}")]
     BadEntry { path: String, why: String },
+    #[error("lineage report entry for {0:?}: outside the reporting token's scope")]
+    OutOfScope(String),
     #[error("a lineage report holds at most {MAX_REPORT} entries, not {0}")]
     TooLarge(usize),
     #[error("no lineage recorded for job {0:?} (see `strata lineage jobs`)")]
@@ -72,6 +74,7 @@ impl LineageError {
             | Self::BadEntry { .. }
             | Self::TooLarge(_)
             | Self::BadPageToken => K::InvalidArgument,
+            Self::OutOfScope(_) => K::PermissionDenied,
             Self::NoJob(_) | Self::NoMark { .. } => K::NotFound,
             Self::Store(StoreError::NotLeader) => K::NotLeader,
             Self::Store(StoreError::Etcd(_)) => K::Unavailable,
@@ -297,10 +300,7 @@ impl Lineage {
                 return Err(LineageError::BadEntry { path, why: "malformed UFS location".into() });
             }
             if !in_scope(&path) {
-                return Err(LineageError::BadEntry {
-                    path,
-                    why: "outside the reporting token's scope".into(),
-                });
+                return Err(LineageError::OutOfScope(path));
             }
             checked.push(ReadReport { path, ..r });
         }
@@ -730,7 +730,7 @@ mod tests {
         assert!(matches!(bad, Err(LineageError::BadEntry { .. })), "{bad:?}");
         let scoped =
             lineage.report("j", "-", vec![read("/team-b/x", "v", 1, now)], now, |p| p.starts_with("/team-a"));
-        assert_eq!(scoped.unwrap_err().kind(), strata_common::ErrorKind::InvalidArgument);
+        assert_eq!(scoped.unwrap_err().kind(), strata_common::ErrorKind::PermissionDenied);
         assert!(matches!(lineage.report("j\u{1}x", "-", vec![], now, all), Err(LineageError::BadJob(..))));
         let many = vec![read("/a", "v", 1, now); MAX_REPORT + 1];
         assert!(matches!(lineage.report("j", "-", many, now, all), Err(LineageError::TooLarge(_))));

@@ -67,7 +67,19 @@ const RPCS: &[(&str, Access)] = &[
     ("Free", Access::Admin),
     ("SetCacheTtl", Access::Admin),
     ("ListCacheTtls", Access::Any),
+    ("ReportLineage", Access::Read),
+    ("MarkLineage", Access::Read),
+    ("LineageJob", Access::Read),
+    ("LineageFile", Access::Read),
+    ("ListLineageJobs", Access::Read),
 ];
+
+/// RPCs that need a role but name no path: a token scoped anywhere may call them.
+const UNSCOPED: &[&str] = &["MarkLineage"];
+
+/// The job whose one record (a read of `/data/b/f.bin`) is there before any case runs: callers
+/// scoped elsewhere must not see it.
+const SEEN_JOB: &str = "seen-by-admins";
 
 /// Calls `rpc` with a request that would change something if it were allowed.
 async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
@@ -177,7 +189,51 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
             c.set_cache_ttl(strata_proto::SetCacheTtlRequest { path: p, cache_ttl_ms: 1000 }).await.map(drop)
         }
         "ListCacheTtls" => c.list_cache_ttls(Empty {}).await.map(drop),
+        "ReportLineage" => c.report_lineage(lineage_report("reporter", &p)).await.map(drop),
+        "MarkLineage" => c
+            .mark_lineage(MarkLineageRequest { job: "marker".into(), label: "epoch=1".into() })
+            .await
+            .map(drop),
+        // Query answers are filtered to the caller's scope: a record kept from it is raised here
+        // as a refusal, so a leak fails the test like an allowed write.
+        "LineageJob" => {
+            let answer = c
+                .lineage_job(LineageJobRequest { job: SEEN_JOB.into(), ..Default::default() })
+                .await?
+                .into_inner();
+            match answer.records.iter().any(|r| r.path == p) {
+                true => Ok(()),
+                false => {
+                    Err(strata_proto::status(ErrorKind::PermissionDenied, "the record was filtered out"))
+                }
+            }
+        }
+        "LineageFile" => c.lineage_file(LineageFileRequest { path: p, ..Default::default() }).await.map(drop),
+        "ListLineageJobs" => {
+            let jobs = c.list_lineage_jobs(Empty {}).await?.into_inner().jobs;
+            match jobs.iter().any(|j| j.job == SEEN_JOB) {
+                true => Ok(()),
+                false => Err(strata_proto::status(ErrorKind::PermissionDenied, "the job was filtered out")),
+            }
+        }
         other => panic!("no call for {other}"),
+    }
+}
+
+fn lineage_report(job: &str, path: &str) -> ReportLineageRequest {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    ReportLineageRequest {
+        job: job.into(),
+        reads: vec![LineageRead {
+            path: path.into(),
+            version: "v1".into(),
+            bytes: 6,
+            reads: 1,
+            first_read_ms: now,
+            last_read_ms: now,
+            ..Default::default()
+        }],
+        client_now_ms: now,
     }
 }
 
@@ -235,6 +291,7 @@ async fn every_rpc_refuses_callers_without_the_right_token_role_or_scope() {
     admin_client.revoke_token(&revoked_info.id).await.unwrap();
     let admin = cluster.admin_token().unwrap();
     let worker = cluster.worker_token().unwrap();
+    conn(&cluster, Some(&admin)).report_lineage(lineage_report(SEEN_JOB, "/data/b/f.bin")).await.unwrap();
 
     // The table covers the whole service, as the .proto declares it.
     let proto = include_str!("../../proto/strata.proto");
@@ -268,9 +325,8 @@ async fn every_rpc_refuses_callers_without_the_right_token_role_or_scope() {
                 "no token" | "wrong token" | "revoked token" => Some(ErrorKind::Unauthenticated),
                 // Scoped tokens name paths under /data/b, outside their scope; what their role
                 // lacks is refused first, by the interceptor.
-                "reader outside its scope" | "writer outside its scope" => {
-                    Some(ErrorKind::PermissionDenied).filter(|_| access != Access::Any)
-                }
+                "reader outside its scope" | "writer outside its scope" => Some(ErrorKind::PermissionDenied)
+                    .filter(|_| access != Access::Any && !UNSCOPED.contains(&rpc)),
                 "worker" => Some(ErrorKind::PermissionDenied)
                     .filter(|_| matches!(access, Access::Write | Access::Admin)),
                 _ => Some(ErrorKind::PermissionDenied).filter(|_| access == Access::Worker),
@@ -363,6 +419,11 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
             }
             .encode(),
             Access::Write,
+        ),
+        (
+            "Prefetch",
+            frame::PrefetchHints { req_id: 5, stream: 1, items: vec![read.clone()] }.encode(),
+            Access::Read,
         ),
         ("View", frame::view_request(5), Access::Any),
         ("RemoteRead", RemoteRead { req_id: 5, addr: 0, rkey: 1, len: 1 }.encode(), Access::Any),
