@@ -38,7 +38,7 @@ use futures::StreamExt;
 use rand::Rng;
 use serde_json::{Value, json};
 use strata_bench::{direct_read, put_pattern_object};
-use strata_client::{Client, FileInfo};
+use strata_client::{Client, FileInfo, QosClass};
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
 use strata_worker::WorkerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -104,6 +104,12 @@ struct Args {
     /// reported, every run is in the JSON.
     #[arg(long, default_value_t = 0)]
     lineage_rounds: usize,
+    /// Runs of warm 4 KiB random reads (one at a time) alone, then during a flood of 1 MiB
+    /// reads at 64 in flight by another client, the reader in the latency class and in the
+    /// flood's (throughput) class, alternating; 0 skips them. Reports each p99 against the
+    /// p99 alone (docs/QOS.md).
+    #[arg(long, default_value_t = 0)]
+    qos_rounds: usize,
 }
 
 /// One line of the report: a Strata figure next to its ceiling.
@@ -242,6 +248,9 @@ async fn main() {
     if args.lineage_rounds > 0 {
         rows.extend(lineage_rows(&args, &cluster, &info, run_for).await);
     }
+    if args.qos_rounds > 0 {
+        rows.extend(qos_rows(&args, &cluster, &info, run_for).await);
+    }
 
     if args.random_only {
         print_table(&args, readahead, &rows);
@@ -321,6 +330,78 @@ async fn lineage_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: 
     rows
 }
 
+/// Warm 4 KiB reads one at a time: alone, and during another client's flood of 1 MiB reads at
+/// 64 in flight with the reader in the latency class and in the flood's class; p99 of each.
+async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Duration) -> Vec<Row> {
+    let client_in = |qos: QosClass| {
+        let mut config = cluster.client_config();
+        config.short_circuit = false;
+        config.lineage = false;
+        config.qos = qos;
+        Client::connect(config)
+    };
+    let latency = client_in(QosClass::Latency).await.expect("connect");
+    let same = client_in(QosClass::Throughput).await.expect("connect");
+    let flood = client_in(QosClass::Throughput).await.expect("connect");
+    let p99 = |l: &Latencies| l.percentile_us(99.0) as f64;
+    let mut runs = Vec::new();
+    let (mut alone, mut with_class, mut without_class) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..args.qos_rounds {
+        eprintln!("4 KiB reads alone, then during a 1 MiB x64 flood ({}/{})", round + 1, args.qos_rounds);
+        let a = random_reads(&latency, info, 4 * KIB, 1, run_for, false).await;
+        let (w, flood_w) = flooded(&flood, &same, info, run_for).await;
+        let (l, flood_l) = flooded(&flood, &latency, info, run_for).await;
+        runs.push(json!({
+            "alone_p99_us": p99(&a), "same_class_p99_us": p99(&w), "latency_class_p99_us": p99(&l),
+            "flood_mib_s_same": flood_w.ops_per_sec(), "flood_mib_s_latency": flood_l.ops_per_sec(),
+        }));
+        alone.push(p99(&a));
+        without_class.push(p99(&w));
+        with_class.push(p99(&l));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let alone = median(&mut alone);
+    let counters = cluster.worker(0).classes.counters();
+    vec![
+        Row {
+            name: "4 KiB p99 during a 1 MiB x64 flood, latency class".into(),
+            unit: "us",
+            value: median(&mut with_class),
+            ceiling_name: "4 KiB p99 alone",
+            ceiling: alone,
+            extra: json!({"runs": runs, "worker_classes": format!("{counters:?}")}),
+        },
+        Row {
+            name: "4 KiB p99 during a 1 MiB x64 flood, the flood's class".into(),
+            unit: "us",
+            value: median(&mut without_class),
+            ceiling_name: "4 KiB p99 alone",
+            ceiling: alone,
+            extra: json!({}),
+        },
+    ]
+}
+
+/// `reader`'s 4 KiB reads one at a time while `flood` reads 1 MiB at 64 in flight.
+async fn flooded(
+    flood: &Client,
+    reader: &Client,
+    info: &FileInfo,
+    run_for: Duration,
+) -> (Latencies, Latencies) {
+    let (f, i) = (flood.clone(), info.clone());
+    // A little longer than the reader, so it runs inside the flood throughout.
+    let flooding = tokio::spawn(async move {
+        random_reads(&f, &i, MIB, 64, run_for + Duration::from_millis(200), false).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reads = random_reads(reader, info, 4 * KIB, 1, run_for, false).await;
+    (reads, flooding.await.expect("flood"))
+}
+
 /// Every figure to `--json`, if given.
 fn write_json(args: &Args, readahead: usize, rows: &[Row], ceilings: Value) {
     if let Some(path) = &args.json {
@@ -387,6 +468,7 @@ async fn tls_rows(args: &Args, cluster: &Cluster, plain: &Client, size: u64, tcp
             writeback: None,
             handoff: None,
             prefetch: None,
+            classes: w.classes.clone(),
         };
         tokio::spawn(strata_worker::dataplane::serve_tls(listener, server.clone(), plane, cancel.clone()));
     }

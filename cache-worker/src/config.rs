@@ -139,6 +139,11 @@ pub struct WorkerConfig {
     /// Fetches of the prefetch lane (blocks clients hinted they will read next) in flight at
     /// once. Default 16.
     pub prefetch_parallelism: usize,
+    /// Answers to clients sent at once before the rest wait their turn by request class
+    /// (`STRATA_QOS`: latency first, then throughput, then background, with one turn in 8 for
+    /// the lowest class waiting); latency answers may take half as many more. 0 turns the
+    /// classes off. Default 8.
+    pub qos_slots: usize,
 }
 
 /// A tier's watermarks, in percent of its capacity.
@@ -277,6 +282,7 @@ impl Default for WorkerConfig {
             handoff_batch: crate::handoff::DEFAULT_HANDOFF_BATCH,
             handoff_queue: crate::handoff::DEFAULT_HANDOFF_QUEUE,
             prefetch_parallelism: crate::prefetch::DEFAULT_PREFETCH_PARALLELISM,
+            qos_slots: crate::classes::DEFAULT_QOS_SLOTS,
         }
     }
 }

@@ -37,13 +37,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use strata_common::ErrorKind;
 use strata_common::fdpass::write_all_with_fd;
 use strata_common::frame::{
     self, BlockGrant, FileStat, GrantKind, LeaseRelease, MAX_ERROR_MESSAGE, OpenBlock, REQUEST_HEADER_LEN,
     RdmaEndpoint, ReadBlockRequest, ReadMany, RemoteRead, ResponseHeader, Source, StatRequest,
     decode_request_header,
 };
+use strata_common::{ErrorKind, QosClass};
 use strata_security::tls::ServerTls;
 use strata_security::token::Access;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -86,6 +86,8 @@ pub struct DataPlane {
     pub handoff: Option<Arc<crate::handoff::Receiver>>,
     /// The prefetch lane (a worker's; a sidecar takes no hints).
     pub prefetch: Option<Arc<crate::prefetch::Prefetcher>>,
+    /// The gate answers to clients pass by their connection's request class.
+    pub classes: Arc<crate::classes::ClassGate>,
 }
 
 impl DataPlane {
@@ -438,6 +440,8 @@ fn spawn_connection<S: Connection>(
 async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::Result<()> {
     let mut header = [0u8; REQUEST_HEADER_LEN];
     let mut session = Session::default();
+    // Until the client says otherwise (a `Class` frame after its `Auth`).
+    let mut class = QosClass::default();
     let mut first = true;
     loop {
         match stream.read_exact(&mut header).await {
@@ -472,7 +476,7 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                     match plane.auth.check(&mut session, Access::Read, Some(&req.path)) {
                         Ok(()) => {
                             plane.reading(&req);
-                            serve_read(&mut stream, &plane, &req).await?
+                            serve_read(&mut stream, &plane, &req, class).await?
                         }
                         Err((kind, message)) => send_error(&mut stream, req.req_id, kind, &message).await?,
                     }
@@ -480,7 +484,7 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             }
             Ok((frame::Op::ReadMany, len)) => {
                 if let Some(batch) = read_body(&mut stream, len, ReadMany::decode_body).await? {
-                    serve_read_many(&mut stream, &plane, &mut session, &batch.items).await?
+                    serve_read_many(&mut stream, &plane, &mut session, &batch.items, class).await?
                 }
             }
             Ok((op @ (frame::Op::PeerRead | frame::Op::PeerFetch), len)) => {
@@ -544,6 +548,11 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                             send_error(&mut stream, open.read.req_id, kind, &message).await?
                         }
                     }
+                }
+            }
+            Ok((frame::Op::Class, len)) => {
+                if let Some(declared) = read_body(&mut stream, len, frame::decode_class_body).await? {
+                    class = declared;
                 }
             }
             Ok((frame::Op::Release, len)) => {
@@ -636,9 +645,12 @@ async fn serve_read<S: Connection>(
     stream: &mut S,
     plane: &DataPlane,
     req: &ReadBlockRequest,
+    class: QosClass,
 ) -> std::io::Result<()> {
     let started = Instant::now();
     let read = plane.blocks.read_payload(&block_read(req)).await;
+    // Only the answer waits its turn: a cold block's UFS fetch holds no place.
+    let _place = plane.classes.acquire(class).await;
     answer_read(stream, req, read, started).await
 }
 
@@ -650,6 +662,7 @@ async fn serve_read_many<S: Connection>(
     plane: &DataPlane,
     session: &mut Session,
     items: &[ReadBlockRequest],
+    class: QosClass,
 ) -> std::io::Result<()> {
     use futures::StreamExt;
     metrics::counter!(m::READ_MANY_REQUESTS).increment(1);
@@ -663,6 +676,7 @@ async fn serve_read_many<S: Connection>(
         items.iter().zip(allowed).map(|(req, allowed)| read_item(plane, req, allowed)).collect();
     let mut answers = futures::stream::iter(reads).buffered(READ_MANY_CONCURRENCY);
     while let Some((req, read, started)) = answers.next().await {
+        let _place = plane.classes.acquire(class).await;
         match read {
             Ok(read) => answer_read(stream, req, read, started).await?,
             Err((kind, message)) => send_error(stream, req.req_id, kind, &message).await?,

@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod blocks;
 pub mod cache;
+pub mod classes;
 pub mod config;
 pub mod dataplane;
 pub mod error;
@@ -105,6 +106,8 @@ pub struct WorkerHandle {
     pub local_socket: Option<PathBuf>,
     /// The prefetch lane (blocks clients hinted they will read next).
     pub prefetch: Arc<prefetch::Prefetcher>,
+    /// The gate answers to clients pass by request class (`STRATA_QOS`).
+    pub classes: Arc<classes::ClassGate>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -343,6 +346,7 @@ impl Worker {
             view: view.clone(),
         };
         let prefetch = Arc::new(prefetch::Prefetcher::default());
+        let classes = Arc::new(classes::ClassGate::with_slots(config.qos_slots));
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),
@@ -352,6 +356,7 @@ impl Worker {
             writeback: Some(writeback.clone()),
             handoff: Some(handoff.receiver.clone()),
             prefetch: Some(prefetch.clone()),
+            classes: classes.clone(),
         };
         // Bound before the TCP plane starts, so a bad socket path fails the start cleanly.
         let local = match &config.socket_path {
@@ -442,6 +447,7 @@ impl Worker {
             handoff,
             local_socket,
             prefetch,
+            classes,
             cancel,
             tasks: {
                 tasks.extend([http_task, link, loader, writeback, upkeep_task, handing_off]);

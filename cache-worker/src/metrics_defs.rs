@@ -36,6 +36,11 @@ pub const UPKEEP_EVICTED_BYTES: &str = "strata_worker_upkeep_evicted_bytes_total
 /// failed, dropped before they started (the reader's window moved on), read after the lane
 /// fetched them, or read before the lane got to them.
 pub const PREFETCH: &str = "strata_worker_prefetch_total";
+/// Counter, labels `class` (`latency`, `throughput`, `background`: the client's `STRATA_QOS`)
+/// and `queued` (`true` when it waited for a place): answers to clients by request class.
+pub const QOS_REQUESTS: &str = "strata_worker_qos_requests_total";
+/// Histogram, seconds, label `class`: how long an answer waited for a place (queued ones).
+pub const QOS_WAIT_SECONDS: &str = "strata_worker_qos_wait_seconds";
 /// Counter: `ReadMany` requests (many block ranges in one round trip) served.
 pub const READ_MANY_REQUESTS: &str = "strata_worker_read_many_requests_total";
 /// Counter: block ranges asked in `ReadMany` requests (each answered as a block read is).

@@ -109,6 +109,7 @@ pub async fn start_with_clock(
         writeback: None,
         handoff: None,
         prefetch: None,
+        classes: Arc::new(crate::classes::ClassGate::default()),
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;

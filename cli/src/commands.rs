@@ -25,6 +25,8 @@ pub struct Target {
     pub token: Option<String>,
     /// `--job` / `STRATA_JOB`: the job reads are recorded under.
     pub job: Option<String>,
+    /// `--qos` / `STRATA_QOS`: the request class of the reads.
+    pub qos: Option<strata_client::QosClass>,
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
@@ -34,7 +36,11 @@ pub async fn run(cli: Cli) -> Result<()> {
         None => None,
     };
     let job = cli.job.as_deref().map(str::trim).filter(|j| !j.is_empty()).map(String::from);
-    let t = Target { master: cli.master.clone(), token, job };
+    let qos = match cli.qos.as_deref().map(str::trim).filter(|q| !q.is_empty()) {
+        Some(q) => Some(q.parse::<strata_client::QosClass>().map_err(|e| anyhow::anyhow!("--qos: {e}"))?),
+        None => None,
+    };
+    let t = Target { master: cli.master.clone(), token, job, qos };
     match cli.command {
         Command::Standalone(args) => standalone(&t.master, args, &cli.tls).await,
         Command::Master(args) => master(args, &cli.tls).await,
@@ -90,6 +96,9 @@ async fn connect(target: &Target) -> Result<Client> {
     }
     if target.job.is_some() {
         config.job = target.job.clone();
+    }
+    if let Some(qos) = target.qos {
+        config.qos = qos;
     }
     connect_with(config).await
 }

@@ -46,6 +46,10 @@ struct Cli {
     /// and `strata lineage mark` marks it. Unset: reads are recorded as `anonymous`.
     #[arg(long, global = true, env = "STRATA_JOB", value_name = "NAME")]
     job: Option<String>,
+    /// The request class of this command's reads on a busy worker (see docs/QOS.md): latency
+    /// (served first), throughput (the default) or background (served last).
+    #[arg(long, global = true, env = "STRATA_QOS", value_name = "CLASS")]
+    qos: Option<String>,
     #[command(flatten)]
     tls: TlsArgs,
     #[command(subcommand)]

@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use strata_common::frame::{FileStat, ReadBlockRequest, StatRequest};
+pub use strata_common::qos::{QOS_ENV, QosClass};
 use strata_common::ring::DEFAULT_VNODES;
 use strata_common::{BlockKey, BlockSlice, Member, Ring, SharedClock, block_slices, path};
 use strata_proto::leader::{DEFAULT_FOLLOW_FOR, LeaderChannel};
@@ -175,6 +176,11 @@ pub struct ClientConfig {
     /// loses at most this much of its record. Default `STRATA_LINEAGE_FLUSH` (`2s`, `500ms`),
     /// else 2 s.
     pub lineage_flush_interval: Duration,
+    /// The request class of this client's reads on a busy worker (docs/QOS.md): `Latency`
+    /// (inference, RAG, weight loading) is served first, `Background` last. Default
+    /// `STRATA_QOS` (`latency`, `throughput`, `background`), else `Throughput`; a value that
+    /// names no class fails [`Client::connect`].
+    pub qos: QosClass,
 }
 
 /// A token, kept out of `Debug` output and logs.
@@ -221,6 +227,7 @@ impl ClientConfig {
             job: lineage::job_from_env(),
             lineage: lineage::enabled_by_env(),
             lineage_flush_interval: lineage::flush_interval_from_env(),
+            qos: QosClass::from_env().ok().flatten().unwrap_or_default(),
         }
     }
 }
@@ -418,6 +425,7 @@ impl Client {
             strata_security::token::client_token_from_env()
                 .map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         }
+        QosClass::from_env().map_err(|e| ClientError::InvalidArgument(format!("{QOS_ENV}: {e}")))?;
         let transport = rdma::transport_for(config.rdma, &dial(&config)?, config.request_timeout);
         Self::connect_with_transport(config, transport).await
     }
@@ -1552,7 +1560,8 @@ enum Asked {
 /// files read here, once per client), and the token presented on each.
 fn dial(config: &ClientConfig) -> Result<Dial> {
     let tls = config.tls.client().map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-    let credentials = transport::Credentials::token(config.token.as_ref().map(|t| t.0.as_str()));
+    let credentials =
+        transport::Credentials::token(config.token.as_ref().map(|t| t.0.as_str())).with_class(config.qos);
     Ok(Dial { connect_timeout: config.connect_timeout, tls, credentials })
 }
 

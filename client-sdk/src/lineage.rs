@@ -264,6 +264,11 @@ impl Client {
         self.inner.lineage.as_ref().map(|r| r.job.as_str()).filter(|j| !j.is_empty())
     }
 
+    /// The request class this client's reads are scheduled by on a busy worker.
+    pub fn qos(&self) -> crate::QosClass {
+        self.inner.config.qos
+    }
+
     pub fn lineage_counters(&self) -> LineageCounters {
         match &self.inner.lineage {
             None => LineageCounters::default(),

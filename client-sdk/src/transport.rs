@@ -206,6 +206,8 @@ impl From<Duration> for Dial {
 #[derive(Clone, Default)]
 pub struct Credentials {
     auth_frame: Option<Arc<[u8]>>,
+    /// The `Class` frame, for a class other than the default.
+    class_frame: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -223,10 +225,20 @@ impl Credentials {
 
     /// Presenting `token` (`None`: [`none`](Self::none)).
     pub fn token(token: Option<&str>) -> Self {
-        Self { auth_frame: token.map(|t| Arc::from(strata_common::frame::auth_request(t))) }
+        Self {
+            auth_frame: token.map(|t| Arc::from(strata_common::frame::auth_request(t))),
+            class_frame: None,
+        }
     }
 
-    /// Sends the `Auth` frame on a new connection. Not answered when accepted: a refusal comes
+    /// Declaring `class` for every request on the connection (the default class needs no frame).
+    pub fn with_class(self, class: strata_common::QosClass) -> Self {
+        let class_frame = (class != strata_common::QosClass::default())
+            .then(|| Arc::from(strata_common::frame::class_request(class)));
+        Self { class_frame, ..self }
+    }
+
+    /// Sends the `Auth` frame (and the `Class` frame) on a new connection. Not answered when accepted: a refusal comes
     /// back as the answer to the first request (an error frame for request 0), so a connection
     /// costs no extra round trip. (Flushed by the first request, which follows at once.)
     pub(crate) async fn present<S: AsyncWrite + Unpin>(
@@ -234,7 +246,7 @@ impl Credentials {
         stream: &mut S,
         addr: &str,
     ) -> Result<(), TransportError> {
-        if let Some(frame) = &self.auth_frame {
+        for frame in [&self.auth_frame, &self.class_frame].into_iter().flatten() {
             stream
                 .write_all(frame)
                 .await

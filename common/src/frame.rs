@@ -68,6 +68,7 @@
 use thiserror::Error;
 
 use crate::error::ErrorKind;
+use crate::qos::QosClass;
 
 pub const REQUEST_MAGIC: [u8; 4] = *b"STQ1";
 pub const RESPONSE_MAGIC: [u8; 4] = *b"STR1";
@@ -138,6 +139,11 @@ pub enum Op {
     /// what the same stream hinted before, and the worker fetches them in its prefetch lane.
     /// Answered with a data frame whose payload is `accepted:u32`.
     Prefetch = 19,
+    /// The request class of every later request on this connection ([`class_request`]; body
+    /// `class:u8`, a [`QosClass`]), sent after `Auth` on a new connection. No answer when
+    /// accepted; an unknown class is answered with an error frame (kind `bad_frame`, request
+    /// id 0) and the connection closes. Without it a connection is `throughput`.
+    Class = 20,
 }
 
 /// Where a worker found the bytes it returns (for metrics and tests).
@@ -476,6 +482,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         18 => Op::Copy,
         17 => Op::ReadMany,
         19 => Op::Prefetch,
+        20 => Op::Class,
         other => return Err(FrameError::UnknownOp(other)),
     };
     let body_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
@@ -496,6 +503,7 @@ pub fn decode_request_header(h: &[u8; REQUEST_HEADER_LEN]) -> Result<(Op, usize)
         Op::Copy => MAX_COPY_BODY,
         Op::ReadMany => MAX_READ_MANY_BODY,
         Op::Prefetch => MAX_PREFETCH_BODY,
+        Op::Class => 1,
     };
     if body_len > limit {
         return Err(FrameError::BodyTooLarge(body_len));
@@ -983,7 +991,21 @@ pub fn decode_write_end(body: &[u8]) -> Result<Vec<String>, FrameError> {
     Ok(out)
 }
 
-/// A `View` request: the worker's last view of the cluster.
+/// The `Class` frame declaring `class` for a connection's later requests.
+pub fn class_request(class: QosClass) -> Vec<u8> {
+    let mut out = request_header(Op::Class, 1).to_vec();
+    out.push(class as u8);
+    out
+}
+
+/// The class of a `Class` body.
+pub fn decode_class_body(body: &[u8]) -> Result<QosClass, FrameError> {
+    match body {
+        [v] => QosClass::from_u8(*v).ok_or(FrameError::Malformed),
+        _ => Err(FrameError::Malformed),
+    }
+}
+
 /// Largest `Auth` body (a token).
 pub const MAX_AUTH_BODY: usize = 512;
 
@@ -1001,6 +1023,7 @@ pub fn decode_auth_body(body: &[u8]) -> Result<&str, FrameError> {
     std::str::from_utf8(body).map_err(|_| FrameError::NotUtf8)
 }
 
+/// A `View` request: the worker's last view of the cluster.
 pub fn view_request(req_id: u64) -> Vec<u8> {
     let mut out = request_header(Op::View, 8).to_vec();
     out.extend_from_slice(&req_id.to_le_bytes());
@@ -1238,6 +1261,19 @@ mod tests {
         assert!(decode_request_header(&request_header(Op::Auth, MAX_AUTH_BODY + 1)).is_err());
         let long = auth_request(&"x".repeat(MAX_AUTH_BODY * 2));
         assert_eq!(long.len(), REQUEST_HEADER_LEN + MAX_AUTH_BODY);
+    }
+
+    #[test]
+    fn class_frames_round_trip_and_refuse_unknown_classes() {
+        for class in QosClass::ALL {
+            let frame = class_request(class);
+            let header: [u8; REQUEST_HEADER_LEN] = frame[..REQUEST_HEADER_LEN].try_into().unwrap();
+            assert_eq!(decode_request_header(&header).unwrap(), (Op::Class, 1));
+            assert_eq!(decode_class_body(&frame[REQUEST_HEADER_LEN..]), Ok(class));
+        }
+        assert_eq!(decode_class_body(&[3]), Err(FrameError::Malformed));
+        assert_eq!(decode_class_body(&[]), Err(FrameError::Malformed));
+        assert!(decode_request_header(&request_header(Op::Class, 2)).is_err());
     }
 
     #[test]

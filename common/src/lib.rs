@@ -14,6 +14,7 @@ pub mod fdpass;
 pub mod frame;
 pub mod mount_options;
 pub mod path;
+pub mod qos;
 pub mod ring;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -24,6 +25,7 @@ pub use block::{BlockKey, BlockSlice, block_slices};
 pub use clock::{Clock, SharedClock};
 pub use error::ErrorKind;
 pub use mount_options::{MountMode, MountOptions, OnFull};
+pub use qos::QosClass;
 pub use ring::{Member, Ring};
 
 /// Default block size of a mount: 4 MiB.

@@ -83,6 +83,8 @@ struct Shared {
     token: Option<String>,
     /// The job reads are recorded under; `None`: the SDK's default (`STRATA_JOB`).
     job: Option<String>,
+    /// The request class; `None`: the SDK's default (`STRATA_QOS`).
+    qos: Option<strata_client::QosClass>,
     client: Mutex<Option<(u64, strata_client::Client)>>,
 }
 
@@ -124,6 +126,9 @@ impl Shared {
                 }
                 if self.job.is_some() {
                     config.job = self.job.clone();
+                }
+                if let Some(qos) = self.qos {
+                    config.qos = qos;
                 }
                 rt.block_on(strata_client::Client::connect(config)).map_err(to_py)?
             }
@@ -265,13 +270,26 @@ struct Client {
 impl Client {
     /// Connects at once, so a wrong address (or a refused token) fails here. `token`: the
     /// token to present; default `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else
-    /// a standalone's `<STRATA_DIR or .strata>/admin.token`.
+    /// a standalone's `<STRATA_DIR or .strata>/admin.token`. `qos`: `latency`, `throughput` or
+    /// `background`; default `STRATA_QOS`, else `throughput`.
     #[new]
-    #[pyo3(signature = (master, token=None, job=None))]
-    fn new(py: Python<'_>, master: String, token: Option<String>, job: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (master, token=None, job=None, qos=None))]
+    fn new(
+        py: Python<'_>,
+        master: String,
+        token: Option<String>,
+        job: Option<String>,
+        qos: Option<String>,
+    ) -> PyResult<Self> {
         let token = token.filter(|t| !t.is_empty());
         let job = job.map(|j| j.trim().to_string()).filter(|j| !j.is_empty());
-        let shared = Arc::new(Shared { master, token, job, client: Mutex::new(None) });
+        let qos = match qos.as_deref().map(str::trim).filter(|q| !q.is_empty()) {
+            Some(q) => {
+                Some(q.parse::<strata_client::QosClass>().map_err(|e| PyValueError::new_err(e.to_string()))?)
+            }
+            None => None,
+        };
+        let shared = Arc::new(Shared { master, token, job, qos, client: Mutex::new(None) });
         py.detach(|| shared.run(|_, _, _| Ok(())))?;
         Ok(Self { shared })
     }
@@ -706,6 +724,12 @@ impl Client {
                 Ok((done.queued, done.unknown, done.workers))
             })
         })
+    }
+
+    /// The request class of this client's reads (`latency`, `throughput`, `background`).
+    #[getter]
+    fn qos(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.shared.run(|_, c, _| Ok(c.qos().as_str().to_string())))
     }
 
     /// The job this client's reads are recorded under; None: anonymous.

@@ -89,6 +89,10 @@ class StrataFileSystem(AbstractFileSystem):
     records which version of which file it read (docs/LINEAGE.md); ``lineage_mark`` marks
     points of its run. Without one, reads are recorded as ``anonymous``.
 
+    ``qos`` is this filesystem's request class on a busy worker (default ``$STRATA_QOS``, else
+    ``"throughput"``): ``"latency"`` for inference, RAG and weight loading is served first,
+    ``"background"`` last (docs/QOS.md).
+
     The instance may be created before ``fork`` (PyTorch DataLoader workers, multiprocessing
     pools) and used in the children: each process builds its own runtime and connections on
     first use.
@@ -102,13 +106,13 @@ class StrataFileSystem(AbstractFileSystem):
 
     def __init__(self, master: str | None = None, token: str | None = None, wait_persisted: bool = False,
                  persist_timeout: float | None = DEFAULT_PERSIST_TIMEOUT, job: str | None = None,
-                 **kwargs: Any):
+                 qos: str | None = None, **kwargs: Any):
         kwargs.pop("use_listings_cache", None)
         super().__init__(use_listings_cache=False, **kwargs)
         self.master = master or os.environ.get("STRATA_MASTER") or DEFAULT_MASTER
         self.wait_persisted = bool(wait_persisted)
         self.persist_timeout = persist_timeout
-        self._client = _native.Client(self.master, token, job)
+        self._client = _native.Client(self.master, token, job, qos)
         _clients.add(self._client)
 
     # ---- paths ----
@@ -357,6 +361,11 @@ class StrataFileSystem(AbstractFileSystem):
             self._stream_pid = pid
             self._stream = int.from_bytes(os.urandom(8), "little") >> 1
         return self._stream
+
+    @property
+    def qos(self):
+        """This filesystem's request class: ``latency``, ``throughput`` or ``background``."""
+        return self._client.qos
 
     # ---- lineage (docs/LINEAGE.md) ----
 

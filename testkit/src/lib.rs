@@ -54,6 +54,8 @@ pub struct ClusterOptions {
     /// Each worker also serves a Unix socket (`worker-<i>.sock` in the state directory), as
     /// `strata worker --socket` does, so the harness's clients read by short-circuit.
     pub local_sockets: bool,
+    /// Each worker's `qos_slots` (answers sent at once before the rest wait by class).
+    pub qos_slots: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +86,7 @@ impl Default for ClusterOptions {
             nodes: Vec::new(),
             handoff_bandwidth: strata_worker::handoff::DEFAULT_HANDOFF_BANDWIDTH,
             local_sockets: false,
+            qos_slots: strata_worker::classes::DEFAULT_QOS_SLOTS,
         }
     }
 }
@@ -162,6 +165,7 @@ impl Cluster {
                 upkeep_interval_ms: 100,
                 handoff_bandwidth: opts.handoff_bandwidth,
                 socket_path: opts.local_sockets.then(|| state_dir.path().join(format!("worker-{i}.sock"))),
+                qos_slots: opts.qos_slots,
                 ..WorkerConfig::default()
             })
             .collect();

@@ -68,6 +68,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         writeback: None,
         handoff: None,
         prefetch: None,
+        classes: Arc::new(crate::classes::ClassGate::default()),
         // Limits and deadlines are what these tests are about: every peer is admitted by the
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),
