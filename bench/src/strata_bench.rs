@@ -110,6 +110,10 @@ struct Args {
     /// p99 alone (docs/QOS.md).
     #[arg(long, default_value_t = 0)]
     qos_rounds: usize,
+    /// The workers' `qos_slots` (answers sent at once before the rest wait by class); unset:
+    /// the worker's default.
+    #[arg(long)]
+    qos_slots: Option<usize>,
 }
 
 /// One line of the report: a Strata figure next to its ceiling.
@@ -178,6 +182,7 @@ async fn main() {
         ],
         // For the co-located row; the TCP rows' client turns short-circuit off.
         local_sockets: !args.no_short_circuit,
+        qos_slots: args.qos_slots.unwrap_or(strata_worker::classes::DEFAULT_QOS_SLOTS),
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(opts, ufs).await;
@@ -342,17 +347,28 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     };
     let latency = client_in(QosClass::Latency).await.expect("connect");
     let same = client_in(QosClass::Throughput).await.expect("connect");
-    let flood = client_in(QosClass::Throughput).await.expect("connect");
+    let mut flood = cluster.client_config();
+    flood.short_circuit = false;
+    flood.lineage = false;
     let p99 = |l: &Latencies| l.percentile_us(99.0) as f64;
     let mut runs = Vec::new();
     let (mut alone, mut with_class, mut without_class) = (Vec::new(), Vec::new(), Vec::new());
+    let mut exchange_during = Vec::new();
     for round in 0..args.qos_rounds {
         eprintln!("4 KiB reads alone, then during a 1 MiB x64 flood ({}/{})", round + 1, args.qos_rounds);
         let a = random_reads(&latency, info, 4 * KIB, 1, run_for, false).await;
-        let (w, flood_w) = flooded(&flood, &same, info, run_for).await;
-        let (l, flood_l) = flooded(&flood, &latency, info, run_for).await;
+        let (w, flood_w) = flood_and_read(&flood, &same, info, run_for).await;
+        let (l, flood_l) = flood_and_read(&flood, &latency, info, run_for).await;
+        // What the machine gives any other request/answer exchange during the flood (which
+        // saturates both cores): two plain threads over loopback TCP, a 32-byte request
+        // answered with 4 KiB from memory, one at a time — each side sleeps in the kernel
+        // between messages, as a worker and a client do.
+        let (x, _) =
+            flood_and_measure(&flood, info, run_for, move || thread_exchanges(4 * KIB, run_for)).await;
+        exchange_during.push(p99(&x));
         runs.push(json!({
             "alone_p99_us": p99(&a), "same_class_p99_us": p99(&w), "latency_class_p99_us": p99(&l),
+            "exchange_during_flood_p99_us": exchange_during.last(),
             "flood_mib_s_same": flood_w.ops_per_sec(), "flood_mib_s_latency": flood_l.ops_per_sec(),
         }));
         alone.push(p99(&a));
@@ -364,15 +380,25 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
         v[v.len() / 2]
     };
     let alone = median(&mut alone);
+    let exchange_during = median(&mut exchange_during);
+    let with_class = median(&mut with_class);
     let counters = cluster.worker(0).classes.counters();
     vec![
         Row {
             name: "4 KiB p99 during a 1 MiB x64 flood, latency class".into(),
             unit: "us",
-            value: median(&mut with_class),
+            value: with_class,
             ceiling_name: "4 KiB p99 alone",
             ceiling: alone,
             extra: json!({"runs": runs, "worker_classes": format!("{counters:?}")}),
+        },
+        Row {
+            name: "4 KiB p99 during a 1 MiB x64 flood, latency class, vs threads".into(),
+            unit: "us",
+            value: with_class,
+            ceiling_name: "4 KiB thread exchange p99 during the flood",
+            ceiling: exchange_during,
+            extra: json!({}),
         },
         Row {
             name: "4 KiB p99 during a 1 MiB x64 flood, the flood's class".into(),
@@ -385,21 +411,52 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     ]
 }
 
-/// `reader`'s 4 KiB reads one at a time while `flood` reads 1 MiB at 64 in flight.
-async fn flooded(
-    flood: &Client,
+/// `reader`'s 4 KiB reads one at a time while a client of `flood` reads 1 MiB at 64 in flight.
+async fn flood_and_read(
+    flood: &strata_client::ClientConfig,
     reader: &Client,
     info: &FileInfo,
     run_for: Duration,
 ) -> (Latencies, Latencies) {
-    let (f, i) = (flood.clone(), info.clone());
-    // A little longer than the reader, so it runs inside the flood throughout.
-    let flooding = tokio::spawn(async move {
-        random_reads(&f, &i, MIB, 64, run_for + Duration::from_millis(200), false).await
+    let (reader, i) = (reader.clone(), info.clone());
+    let handle = tokio::runtime::Handle::current();
+    flood_and_measure(flood, info, run_for, move || {
+        handle.block_on(random_reads(&reader, &i, 4 * KIB, 1, run_for, false))
+    })
+    .await
+}
+
+/// `measure` on a blocking thread while a client of `flood` reads 1 MiB at 64 in flight — on a
+/// runtime (two threads) of its own, as another process on the host would: sharing the
+/// cluster's runtime, its tasks would queue ahead of the measured reader's in the process
+/// itself.
+async fn flood_and_measure(
+    flood: &strata_client::ClientConfig,
+    info: &FileInfo,
+    run_for: Duration,
+    measure: impl FnOnce() -> Latencies + Send + 'static,
+) -> (Latencies, Latencies) {
+    let (config, i) = (flood.clone(), info.clone());
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let flooding = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let client = Client::connect(config).await.expect("flood client connects");
+            let _ = started_tx.send(());
+            // A little longer than the measurement, so it runs inside the flood throughout.
+            random_reads(&client, &i, MIB, 64, run_for + Duration::from_millis(300), false).await
+        })
     });
+    started_rx.await.expect("flood started");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let reads = random_reads(reader, info, 4 * KIB, 1, run_for, false).await;
-    (reads, flooding.await.expect("flood"))
+    let measured = tokio::task::spawn_blocking(measure).await.expect("measure");
+    let flood =
+        tokio::task::spawn_blocking(move || flooding.join().expect("flood thread")).await.expect("join");
+    (measured, flood)
 }
 
 /// Every figure to `--json`, if given.
@@ -829,6 +886,39 @@ async fn random_reads(
         slow.extend(s);
     }
     Latencies { micros, took: started.elapsed(), slow }
+}
+
+/// Request/answer exchanges between two plain threads over loopback TCP: 32 bytes asked, `len`
+/// answered, one at a time, for `run_for`.
+fn thread_exchanges(len: u64, run_for: Duration) -> Latencies {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_nodelay(true).expect("nodelay");
+        let answer = vec![7u8; len as usize];
+        let mut ask = [0u8; 32];
+        while s.read_exact(&mut ask).is_ok() {
+            if s.write_all(&answer).is_err() {
+                break;
+            }
+        }
+    });
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    let mut answer = vec![0u8; len as usize];
+    let started = Instant::now();
+    let mut micros = Vec::new();
+    while started.elapsed() < run_for {
+        let t = Instant::now();
+        c.write_all(&[1u8; 32]).expect("ask");
+        c.read_exact(&mut answer).expect("answer");
+        micros.push(t.elapsed().as_micros() as u32);
+    }
+    drop(c);
+    server.join().expect("server thread");
+    Latencies { micros, took: started.elapsed(), slow: Vec::new() }
 }
 
 /// The same random reads as `pread` on a page-cached local file, one thread per reader.

@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use strata_common::QosClass;
 use tokio::sync::oneshot;
@@ -25,6 +25,8 @@ use crate::metrics_defs as m;
 pub const DEFAULT_QOS_SLOTS: usize = 8;
 /// One hand-over in this many goes to the lowest class waiting.
 pub const DEFAULT_QOS_FLOOR: u32 = 8;
+/// A latency answer within this window makes the other classes step aside once per answer.
+pub const LATENCY_RECENT: Duration = Duration::from_millis(50);
 
 /// The gate; one per worker, shared by its connections.
 pub struct ClassGate {
@@ -34,6 +36,9 @@ pub struct ClassGate {
     state: Mutex<GateState>,
     served: [AtomicU64; 3],
     queued: [AtomicU64; 3],
+    created: Instant,
+    /// Nanoseconds after `created` of the last latency answer's start, plus one (0: none yet).
+    latency_seen: AtomicU64,
 }
 
 #[derive(Default)]
@@ -102,6 +107,32 @@ impl ClassGate {
             state: Mutex::new(GateState::default()),
             served: Default::default(),
             queued: Default::default(),
+            created: Instant::now(),
+            latency_seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a latency answer started within [`LATENCY_RECENT`]. An answer of another class
+    /// then yields to the runtime once before it is written: the gate orders the answers that
+    /// wait for a place, but a latency request whose task is queued on the runtime behind a
+    /// flood's (each about to write a large answer) would otherwise wait for all of them.
+    pub fn latency_recent(&self) -> bool {
+        match self.latency_seen.load(Ordering::Relaxed) {
+            0 => false,
+            seen => self.created.elapsed().as_nanos() as u64 + 1 - seen < LATENCY_RECENT.as_nanos() as u64,
+        }
+    }
+
+    /// Steps aside once (a yield) when latency answers are being served and `class` is not
+    /// latency; marks latency as active when it is.
+    pub async fn step_aside(&self, class: QosClass) {
+        if self.slots == 0 {
+            return;
+        }
+        if class == QosClass::Latency {
+            self.latency_seen.store(self.created.elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
+        } else if self.latency_recent() {
+            tokio::task::yield_now().await;
         }
     }
 
@@ -325,6 +356,19 @@ mod tests {
         assert_eq!(gate.lock().in_use, 0);
         let _again = gate.acquire(QosClass::Background).await;
         assert_eq!(gate.lock().in_use, 1);
+    }
+
+    #[tokio::test]
+    async fn other_classes_step_aside_only_while_latency_answers_are_recent() {
+        let gate = ClassGate::default();
+        assert!(!gate.latency_recent(), "no latency answer yet");
+        gate.step_aside(QosClass::Throughput).await;
+        assert!(!gate.latency_recent(), "a throughput answer marks nothing");
+        gate.step_aside(QosClass::Latency).await;
+        assert!(gate.latency_recent());
+        let off = ClassGate::new(0, 0, 0);
+        off.step_aside(QosClass::Latency).await;
+        assert!(!off.latency_recent(), "classes off: nothing is marked");
     }
 
     #[tokio::test]

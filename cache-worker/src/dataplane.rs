@@ -650,6 +650,7 @@ async fn serve_read<S: Connection>(
     let started = Instant::now();
     let read = plane.blocks.read_payload(&block_read(req)).await;
     // Only the answer waits its turn: a cold block's UFS fetch holds no place.
+    plane.classes.step_aside(class).await;
     let _place = plane.classes.acquire(class).await;
     answer_read(stream, req, read, started).await
 }
@@ -676,6 +677,7 @@ async fn serve_read_many<S: Connection>(
         items.iter().zip(allowed).map(|(req, allowed)| read_item(plane, req, allowed)).collect();
     let mut answers = futures::stream::iter(reads).buffered(READ_MANY_CONCURRENCY);
     while let Some((req, read, started)) = answers.next().await {
+        plane.classes.step_aside(class).await;
         let _place = plane.classes.acquire(class).await;
         match read {
             Ok(read) => answer_read(stream, req, read, started).await?,
