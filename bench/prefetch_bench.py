@@ -56,6 +56,19 @@ class Samples:
         return len(data)
 
 
+def lane_counts(cluster):
+    """The workers' prefetch lane results so far (strata_worker_prefetch_total by result)."""
+    import re
+    import urllib.request
+
+    totals = {}
+    for w in json.loads(cluster.cli("status", "--json"))["workers"]:
+        text = urllib.request.urlopen(f"http://{w['http_addr']}/metrics", timeout=10).read().decode()
+        for result, n in re.findall(r'strata_worker_prefetch_total\{result="(\w+)"\} (\d+)', text):
+            totals[result] = totals.get(result, 0) + int(n)
+    return totals
+
+
 def epoch(fs, root, size, workers, hints, lookahead, seed):
     import torch
     from torch.utils.data import DataLoader, RandomSampler
@@ -105,6 +118,16 @@ def main():
         return 1
 
     threaded(put, keys, 32)
+
+    # What the store itself serves: the first set's objects read straight from Garage with
+    # boto3, 32 at a time (not through Strata, so the epochs still start cold).
+    def get(k):
+        return len(boto.get_object(Bucket=bucket, Key=k)["Body"].read())
+
+    direct_keys = keys[: args.files]
+    direct_seconds, _ = threaded(get, direct_keys, 32)
+    direct_rate = len(direct_keys) / direct_seconds
+    print(f"  direct GETs from the store, 32 at a time: {direct_rate:8.0f} files/s", flush=True)
     load_start = os.getloadavg()
     cluster = Standalone(args.strata_bin, args.memory)
     results = []
@@ -117,10 +140,14 @@ def main():
             order = [False, True] if r % 2 == 0 else [True, False]
             for hints in order:
                 root = f"/bench/r{r}-{'hinted' if hints else 'plain'}"
+                before = lane_counts(cluster)
                 n, seconds = epoch(fs, root, args.size, args.workers, hints, args.lookahead, seed=r)
-                results.append({"round": r, "hints": hints, "files": n, "seconds": seconds, "files_per_s": n / seconds})
-                print(f"  round {r} {'hints   ' if hints else 'no hints'} {seconds:7.2f}s {n / seconds:8.0f} files/s",
-                      flush=True)
+                after = lane_counts(cluster)
+                lane = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                results.append({"round": r, "hints": hints, "files": n, "seconds": seconds, "files_per_s": n / seconds,
+                                "prefetch_lane": lane})
+                print(f"  round {r} {'hints   ' if hints else 'no hints'} {seconds:7.2f}s {n / seconds:8.0f} files/s"
+                      + (f"  lane {lane}" if hints else ""), flush=True)
             n, seconds = epoch(fs, f"/bench/r{r}-hinted", args.size, args.workers, False, args.lookahead, seed=r + 1)
             results.append({"round": r, "warm": True, "files": n, "seconds": seconds, "files_per_s": n / seconds})
             print(f"  round {r} warm     {seconds:7.2f}s {n / seconds:8.0f} files/s (the ceiling)", flush=True)
@@ -137,8 +164,10 @@ def main():
         warm = next(x for x in results if x["round"] == r and x.get("warm"))
         p, h, w = plain["files_per_s"], hinted["files_per_s"], warm["files_per_s"]
         print(f"| {r} | {p:.0f} | {h:.0f} | {h / p:.2f}x | {w:.0f} | {p / w:.2f} | {h / w:.2f} |")
+    print(f"direct GETs from the store (boto3, 32 threads): {direct_rate:.0f} files/s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "load_start": load_start,
+        Path(args.json).write_text(json.dumps({"args": vars(args), "direct_files_per_s": direct_rate,
+                                               "load_start": load_start,
                                                "load_end": load_end, "results": results}, indent=2))
 
 
