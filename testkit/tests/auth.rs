@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use strata_common::ErrorKind;
 use strata_common::frame::{
     self, GrantKind, LeaseRelease, OpenBlock, RESPONSE_HEADER_LEN, RdmaEndpoint, ReadBlockRequest,
     RemoteRead, ResponseHeader, WriteBegin,
 };
+use strata_common::{BlockKey, ErrorKind};
 use strata_proto::leader::{MasterConn, master_conn};
 use strata_proto::*;
 use strata_security::token::{Access, generate};
@@ -434,7 +434,42 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
             [LeaseRelease { lease_id: 1, kind: GrantKind::Fd }.encode(), read.encode()].concat(),
             Access::Read,
         ),
+        // Only a worker may make this worker take blocks.
+        (
+            "HandOffOffer",
+            frame::HandOffOffer { req_id: 5, blocks: vec![(BlockKey::new(&b.path, &b.version, 0), b.size)] }
+                .encode(),
+            Access::Worker,
+        ),
+        (
+            "HandOffBlock",
+            frame::HandOffBlock {
+                req_id: 5,
+                key: BlockKey::new(&b.path, &b.version, 0),
+                data: bytes::Bytes::from_static(b"forged"),
+            }
+            .encode(),
+            Access::Worker,
+        ),
     ];
+    // The table covers every op the codec knows, but those that are no request of their own.
+    const NOT_REQUESTS: &[&str] = &[
+        "Auth",      // the token itself, tested by every row
+        "WriteData", // parts of a write its WriteBegin opened (refused above)
+        "WriteEnd",
+        "Class", // how to schedule later requests: no access of its own (testkit/tests/qos.rs)
+    ];
+    for code in 0..=u8::MAX {
+        let mut header = frame::request_header(frame::Op::View, 0);
+        header[4] = code;
+        if let Ok((op, _)) = frame::decode_request_header(&header) {
+            let name = format!("{op:?}");
+            assert!(
+                frames.iter().any(|(n, ..)| *n == name) || NOT_REQUESTS.contains(&name.as_str()),
+                "{name} is not covered by this test"
+            );
+        }
+    }
     // The admin reads the block: the check can pass.
     assert_eq!(exchange(&addr, Some(&admin), &read.encode()).await.unwrap(), b"team b");
     // The revocation reaches the worker within a heartbeat.
