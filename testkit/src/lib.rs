@@ -531,6 +531,20 @@ where
 }
 
 /// Deterministic pseudo-random bytes, so failures reproduce.
+/// The data-plane request reading all of `info`, a file of one block, as its first block.
+pub fn first_block_read(info: &strata_client::FileInfo) -> strata_common::frame::ReadBlockRequest {
+    strata_common::frame::ReadBlockRequest {
+        req_id: 0,
+        path: info.path.clone(),
+        version: info.version.clone(),
+        file_size: info.size,
+        block_size: info.block_size,
+        block_index: 0,
+        offset: 0,
+        len: info.size,
+    }
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut out = vec![0u8; len];
     fill_pattern(seed, 0, &mut out);

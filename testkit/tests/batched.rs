@@ -373,19 +373,7 @@ async fn the_tcp_transport_reads_a_batch_in_one_request_and_keeps_the_connection
     let files = small_files(&cluster, "raw", 5, 7);
     let client = cluster.client().await;
     let listed = client.list("/data/raw").await.unwrap();
-    let mut reqs: Vec<ReadBlockRequest> = listed
-        .iter()
-        .map(|info| ReadBlockRequest {
-            req_id: 0,
-            path: info.path.clone(),
-            version: info.version.clone(),
-            file_size: info.size,
-            block_size: info.block_size,
-            block_index: 0,
-            offset: 0,
-            len: info.size,
-        })
-        .collect();
+    let mut reqs: Vec<ReadBlockRequest> = listed.iter().map(strata_testkit::first_block_read).collect();
     reqs.insert(2, ReadBlockRequest { path: "/data/raw/none.bin".into(), ..reqs[0].clone() });
     let dial = Dial {
         connect_timeout: Duration::from_secs(2),

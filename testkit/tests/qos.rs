@@ -10,7 +10,7 @@ use std::time::Duration;
 use strata_client::{Client, QosClass};
 use strata_common::ErrorKind;
 use strata_common::frame::{self, RESPONSE_HEADER_LEN, ResponseHeader};
-use strata_testkit::{Cluster, ClusterOptions, eventually, pattern};
+use strata_testkit::{Cluster, ClusterOptions, eventually, first_block_read, pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn client_in(cluster: &Cluster, qos: QosClass) -> Client {
@@ -95,16 +95,7 @@ async fn a_class_the_worker_does_not_know_is_refused() {
     cluster.write_file("f.bin", &bytes);
     let client = cluster.client().await;
     let info = client.stat("/data/f.bin").await.unwrap();
-    let read = frame::ReadBlockRequest {
-        req_id: 1,
-        path: info.path.clone(),
-        version: info.version.clone(),
-        file_size: info.size,
-        block_size: info.block_size,
-        block_index: 0,
-        offset: 0,
-        len: info.size,
-    };
+    let read = frame::ReadBlockRequest { req_id: 1, ..first_block_read(&info) };
     let addr = cluster.worker(0).data_addr.to_string();
     let answer = |frames: Vec<u8>| {
         let addr = addr.clone();

@@ -611,16 +611,7 @@ async fn a_dram_block_of_a_co_located_worker_is_read_over_tcp_not_copied_into_sh
     // A DRAM block that a copying reader (a sidecar-style client) had copied already is
     // granted from that copy.
     let info = client.stat("/data/local/dram.bin").await.unwrap();
-    let req = ReadBlockRequest {
-        req_id: 1,
-        path: info.path.clone(),
-        version: info.version.clone(),
-        file_size: info.size,
-        block_size: info.block_size,
-        block_index: 0,
-        offset: 0,
-        len: MIB as u64,
-    };
+    let req = ReadBlockRequest { req_id: 1, len: MIB as u64, ..strata_testkit::first_block_read(&info) };
     let socket = worker.local_socket.clone().unwrap();
     let mut stream = UnixStream::connect(&socket).await.unwrap();
     if let Some(token) = cluster.admin_token() {

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use strata_client::{Client, ClientConfig, Dial, TcpTransport, TlsConfig, Transport, TransportError};
-use strata_common::frame::ReadBlockRequest;
 use strata_testkit::tls::TestPki;
 use strata_testkit::{Cluster, ClusterOptions, ClusterTls, pattern};
 
@@ -44,16 +43,7 @@ async fn read_block_from(cluster: &Cluster, dial: Dial) -> Result<(), TransportE
     let data = pattern(MIB, 3);
     cluster.write_file("f.bin", &data);
     let info = cluster.client().await.stat("/data/f.bin").await.expect("stat through the cluster");
-    let req = ReadBlockRequest {
-        req_id: 0,
-        path: info.path.clone(),
-        version: info.version.clone(),
-        file_size: info.size,
-        block_size: info.block_size,
-        block_index: 0,
-        offset: 0,
-        len: info.size,
-    };
+    let req = strata_testkit::first_block_read(&info);
     let transport = TcpTransport::new(dial, Duration::from_secs(20));
     let addr = cluster.worker(0).data_addr.to_string();
     let (bytes, _) = transport.read_block(&addr, &req).await?;
