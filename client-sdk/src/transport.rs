@@ -202,18 +202,19 @@ impl From<Duration> for Dial {
 }
 
 /// Who a new data-plane connection says it is: the `Auth` frame sent before anything else, when
-/// the client has a token. Cheap to clone.
+/// the client has a token, and the `Class` frame of its request class. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Credentials {
-    auth_frame: Option<Arc<[u8]>>,
-    /// The `Class` frame, for a class other than the default.
-    class_frame: Option<Arc<[u8]>>,
+    token: Option<Arc<str>>,
+    class: strata_common::QosClass,
+    /// The frames a new connection opens with, in one buffer so they leave in one write.
+    opening: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token.
-        f.write_str(if self.auth_frame.is_some() { "Credentials(token)" } else { "Credentials(none)" })
+        f.write_str(if self.token.is_some() { "Credentials(token)" } else { "Credentials(none)" })
     }
 }
 
@@ -225,30 +226,34 @@ impl Credentials {
 
     /// Presenting `token` (`None`: [`none`](Self::none)).
     pub fn token(token: Option<&str>) -> Self {
-        Self {
-            auth_frame: token.map(|t| Arc::from(strata_common::frame::auth_request(t))),
-            class_frame: None,
-        }
+        Self { token: token.map(Arc::from), ..Self::default() }.framed()
     }
 
     /// Declaring `class` for every request on the connection (the default class needs no frame).
     pub fn with_class(self, class: strata_common::QosClass) -> Self {
-        let class_frame = (class != strata_common::QosClass::default())
-            .then(|| Arc::from(strata_common::frame::class_request(class)));
-        Self { class_frame, ..self }
+        Self { class, ..self }.framed()
     }
 
-    /// Sends the `Auth` frame (and the `Class` frame) on a new connection. Not answered when accepted: a refusal comes
-    /// back as the answer to the first request (an error frame for request 0), so a connection
-    /// costs no extra round trip. (Flushed by the first request, which follows at once.)
+    fn framed(self) -> Self {
+        let mut opening = self.token.as_deref().map(strata_common::frame::auth_request).unwrap_or_default();
+        if self.class != strata_common::QosClass::default() {
+            opening.extend_from_slice(&strata_common::frame::class_request(self.class));
+        }
+        Self { opening: (!opening.is_empty()).then(|| Arc::from(opening)), ..self }
+    }
+
+    /// Sends the `Auth` and `Class` frames on a new connection. Not answered when accepted: a
+    /// refusal comes back as the answer to the first request (an error frame for request 0), so
+    /// a connection costs no extra round trip. (Flushed by the first request, which follows at
+    /// once.)
     pub(crate) async fn present<S: AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         addr: &str,
     ) -> Result<(), TransportError> {
-        for frame in [&self.auth_frame, &self.class_frame].into_iter().flatten() {
+        if let Some(frames) = &self.opening {
             stream
-                .write_all(frame)
+                .write_all(frames)
                 .await
                 .map_err(|source| TransportError::Io { addr: addr.to_string(), source })?;
         }
