@@ -336,29 +336,41 @@ async fn lineage_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: 
 }
 
 /// Warm 4 KiB reads one at a time: alone, and during another client's flood of 1 MiB reads at
-/// 64 in flight with the reader in the latency class and in the flood's class; p99 of each.
+/// 64 in flight with the reader in the latency class (served on the worker's latency lane, and
+/// with the lane off: on the shared runtime, ordered by the class gate alone) and in the flood's
+/// class; p99 of each. Every client runs on a runtime of its own, as in another process.
 async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Duration) -> Vec<Row> {
-    let client_in = |qos: QosClass| {
+    let config_in = |qos: QosClass| {
         let mut config = cluster.client_config();
         config.short_circuit = false;
         config.lineage = false;
         config.qos = qos;
-        Client::connect(config)
+        config
     };
-    let latency = client_in(QosClass::Latency).await.expect("connect");
-    let same = client_in(QosClass::Throughput).await.expect("connect");
-    let mut flood = cluster.client_config();
-    flood.short_circuit = false;
-    flood.lineage = false;
+    let (latency, same, flood) =
+        (config_in(QosClass::Latency), config_in(QosClass::Throughput), config_in(QosClass::Throughput));
+    let lane = cluster.worker(0).latency_lane.clone();
     let p99 = |l: &Latencies| l.percentile_us(99.0) as f64;
     let mut runs = Vec::new();
-    let (mut alone, mut with_class, mut without_class) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut alone, mut with_lane, mut without_lane, mut same_class) = (vec![], vec![], vec![], vec![]);
     let mut exchange_during = Vec::new();
     for round in 0..args.qos_rounds {
         eprintln!("4 KiB reads alone, then during a 1 MiB x64 flood ({}/{})", round + 1, args.qos_rounds);
-        let a = random_reads(&latency, info, 4 * KIB, 1, run_for, false).await;
-        let (w, flood_w) = flood_and_read(&flood, &same, info, run_for).await;
-        let (l, flood_l) = flood_and_read(&flood, &latency, info, run_for).await;
+        let a = {
+            let (config, i) = (latency.clone(), info.clone());
+            tokio::task::spawn_blocking(move || reads_on_own_runtime(config, i, run_for))
+                .await
+                .expect("alone")
+        };
+        let measure = |config: &strata_client::ClientConfig| {
+            let (config, i) = (config.clone(), info.clone());
+            move || reads_on_own_runtime(config, i, run_for)
+        };
+        let (w, flood_w) = flood_and_measure(&flood, info, run_for, measure(&same)).await;
+        lane.set_enabled(false);
+        let (off, _) = flood_and_measure(&flood, info, run_for, measure(&latency)).await;
+        lane.set_enabled(true);
+        let (on, flood_l) = flood_and_measure(&flood, info, run_for, measure(&latency)).await;
         // What the machine gives any other request/answer exchange during the flood (which
         // saturates both cores): two plain threads over loopback TCP, a 32-byte request
         // answered with 4 KiB from memory, one at a time — each side sleeps in the kernel
@@ -367,13 +379,15 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
             flood_and_measure(&flood, info, run_for, move || thread_exchanges(4 * KIB, run_for)).await;
         exchange_during.push(p99(&x));
         runs.push(json!({
-            "alone_p99_us": p99(&a), "same_class_p99_us": p99(&w), "latency_class_p99_us": p99(&l),
+            "alone_p99_us": p99(&a), "same_class_p99_us": p99(&w),
+            "latency_class_lane_p99_us": p99(&on), "latency_class_no_lane_p99_us": p99(&off),
             "exchange_during_flood_p99_us": exchange_during.last(),
             "flood_mib_s_same": flood_w.ops_per_sec(), "flood_mib_s_latency": flood_l.ops_per_sec(),
         }));
         alone.push(p99(&a));
-        without_class.push(p99(&w));
-        with_class.push(p99(&l));
+        same_class.push(p99(&w));
+        with_lane.push(p99(&on));
+        without_lane.push(p99(&off));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -381,29 +395,37 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     };
     let alone = median(&mut alone);
     let exchange_during = median(&mut exchange_during);
-    let with_class = median(&mut with_class);
+    let with_lane = median(&mut with_lane);
     let counters = cluster.worker(0).classes.counters();
     vec![
         Row {
             name: "4 KiB p99 during a 1 MiB x64 flood, latency class".into(),
             unit: "us",
-            value: with_class,
+            value: with_lane,
             ceiling_name: "4 KiB p99 alone",
             ceiling: alone,
-            extra: json!({"runs": runs, "worker_classes": format!("{counters:?}")}),
+            extra: json!({"runs": runs, "worker_classes": format!("{counters:?}"), "lane_moved": lane.moved()}),
         },
         Row {
             name: "4 KiB p99 during a 1 MiB x64 flood, latency class, vs threads".into(),
             unit: "us",
-            value: with_class,
+            value: with_lane,
             ceiling_name: "4 KiB thread exchange p99 during the flood",
             ceiling: exchange_during,
             extra: json!({}),
         },
         Row {
+            name: "4 KiB p99 during a 1 MiB x64 flood, latency class, lane off".into(),
+            unit: "us",
+            value: median(&mut without_lane),
+            ceiling_name: "4 KiB p99 alone",
+            ceiling: alone,
+            extra: json!({}),
+        },
+        Row {
             name: "4 KiB p99 during a 1 MiB x64 flood, the flood's class".into(),
             unit: "us",
-            value: median(&mut without_class),
+            value: median(&mut same_class),
             ceiling_name: "4 KiB p99 alone",
             ceiling: alone,
             extra: json!({}),
@@ -411,19 +433,17 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     ]
 }
 
-/// `reader`'s 4 KiB reads one at a time while a client of `flood` reads 1 MiB at 64 in flight.
-async fn flood_and_read(
-    flood: &strata_client::ClientConfig,
-    reader: &Client,
-    info: &FileInfo,
-    run_for: Duration,
-) -> (Latencies, Latencies) {
-    let (reader, i) = (reader.clone(), info.clone());
-    let handle = tokio::runtime::Handle::current();
-    flood_and_measure(flood, info, run_for, move || {
-        handle.block_on(random_reads(&reader, &i, 4 * KIB, 1, run_for, false))
+/// A client of `config` connected on a runtime (one thread) of its own, as another process's
+/// would be, reading 4 KiB one at a time for `run_for` after a few warming reads.
+fn reads_on_own_runtime(config: strata_client::ClientConfig, info: FileInfo, run_for: Duration) -> Latencies {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        let client = Client::connect(config).await.expect("connect");
+        for _ in 0..16 {
+            client.read_range_of(&info, 0, 4 * KIB).await.expect("warming read");
+        }
+        random_reads(&client, &info, 4 * KIB, 1, run_for, false).await
     })
-    .await
 }
 
 /// `measure` on a blocking thread while a client of `flood` reads 1 MiB at 64 in flight — on a
@@ -526,6 +546,7 @@ async fn tls_rows(args: &Args, cluster: &Cluster, plain: &Client, size: u64, tcp
             handoff: None,
             prefetch: None,
             classes: w.classes.clone(),
+            latency_lane: w.latency_lane.clone(),
         };
         tokio::spawn(strata_worker::dataplane::serve_tls(listener, server.clone(), plane, cancel.clone()));
     }

@@ -144,6 +144,12 @@ pub struct WorkerConfig {
     /// the lowest class waiting); latency answers may take half as many more. 0 turns the
     /// classes off. Default 8.
     pub qos_slots: usize,
+    /// Serve latency-class connections on a runtime thread of their own (the latency lane),
+    /// so a throughput flood on the shared runtime threads does not delay them. Default true.
+    pub qos_latency_thread: bool,
+    /// Scheduling priority (nice, -20..=19) of the latency lane's thread; below 0 needs
+    /// `CAP_SYS_NICE`, without which the thread keeps the default. Default -10.
+    pub qos_latency_nice: i32,
 }
 
 /// A tier's watermarks, in percent of its capacity.
@@ -283,11 +289,25 @@ impl Default for WorkerConfig {
             handoff_queue: crate::handoff::DEFAULT_HANDOFF_QUEUE,
             prefetch_parallelism: crate::prefetch::DEFAULT_PREFETCH_PARALLELISM,
             qos_slots: crate::classes::DEFAULT_QOS_SLOTS,
+            qos_latency_thread: true,
+            qos_latency_nice: DEFAULT_QOS_LATENCY_NICE,
         }
     }
 }
 
+/// The latency lane thread's nice: well ahead of the runtime threads at 0, short of the -20
+/// an operator may keep for the host's own daemons.
+pub const DEFAULT_QOS_LATENCY_NICE: i32 = -10;
+
 impl WorkerConfig {
+    /// Refuses a `qos_latency_nice` the kernel has no such priority for.
+    pub fn check_qos(&self) -> Result<(), String> {
+        if !(-20..=19).contains(&self.qos_latency_nice) {
+            return Err(format!("qos_latency_nice = {}: must be between -20 and 19", self.qos_latency_nice));
+        }
+        Ok(())
+    }
+
     /// The token this worker presents: `token`, else the one in `token_file`, else none.
     pub fn resolve_token(&self) -> Result<Option<String>, strata_security::token::TokenFileError> {
         match (&self.token, &self.token_file) {
@@ -328,6 +348,9 @@ mod tests {
         assert_eq!(c.watermarks.memory, Watermark::OFF);
         assert_eq!(c.watermarks.nvme.low_bytes(1000), 700);
         assert!(c.watermarks.check().is_ok());
+        assert!(c.check_qos().is_ok());
+        let bad_nice = WorkerConfig { qos_latency_nice: -21, ..WorkerConfig::default() };
+        assert!(bad_nice.check_qos().unwrap_err().contains("qos_latency_nice = -21"));
         let bad = Watermarks { memory: Watermark { high: 80, low: 90 }, ..Watermarks::default() };
         assert!(bad.check().unwrap_err().contains("watermarks.memory"));
     }

@@ -30,6 +30,7 @@
 
 mod admission;
 mod copy;
+mod lane;
 mod timed;
 mod write;
 
@@ -60,6 +61,8 @@ use crate::metrics_defs as m;
 use crate::view::LastView;
 pub use admission::{ConnectionSnapshot, Connections};
 use admission::{Peer, Permit};
+pub use lane::LatencyLane;
+use lane::{Moving, Portability, Portable};
 use timed::Timed;
 
 /// Small payloads go out in one write with their header; large ones in two writes, without
@@ -88,6 +91,8 @@ pub struct DataPlane {
     pub prefetch: Option<Arc<crate::prefetch::Prefetcher>>,
     /// The gate answers to clients pass by their connection's request class.
     pub classes: Arc<crate::classes::ClassGate>,
+    /// The thread latency-class connections move to.
+    pub latency_lane: Arc<LatencyLane>,
 }
 
 impl DataPlane {
@@ -271,6 +276,15 @@ trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
         bytes: &[u8],
         fd: BorrowedFd<'_>,
     ) -> impl Future<Output = std::io::Result<()>> + Send;
+
+    /// The socket out of its runtime, to be served on the latency lane; a connection that
+    /// cannot move stays.
+    fn portable(self) -> Portability<Self>
+    where
+        Self: Sized,
+    {
+        Portability::Stays(self)
+    }
 }
 
 macro_rules! impl_send_file {
@@ -307,6 +321,13 @@ impl Connection for tokio::net::TcpStream {
 
     const PASSES_FDS: bool = false;
 
+    fn portable(self) -> Portability<Self> {
+        match self.into_std() {
+            Ok(s) => Portability::Moved(Portable::Tcp(s)),
+            Err(e) => Portability::Failed(e),
+        }
+    }
+
     async fn write_with_fd(&mut self, _bytes: &[u8], _fd: BorrowedFd<'_>) -> std::io::Result<()> {
         Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "TCP cannot pass a descriptor"))
     }
@@ -316,6 +337,13 @@ impl Connection for tokio::net::UnixStream {
     impl_send_file!();
 
     const PASSES_FDS: bool = true;
+
+    fn portable(self) -> Portability<Self> {
+        match self.into_std() {
+            Ok(s) => Portability::Moved(Portable::Unix(s)),
+            Err(e) => Portability::Failed(e),
+        }
+    }
 
     fn write_with_fd(
         &mut self,
@@ -425,28 +453,53 @@ fn spawn_connection<S: Connection>(
     plane: DataPlane,
     cancel: CancellationToken,
 ) {
+    let token = tracker.token();
     tracker.spawn(async move {
+        let lane = plane.latency_lane.clone();
+        let served = async {
+            connection(Timed::new(establish.await?, permit), plane.clone(), ConnState::default()).await
+        };
         tokio::select! {
             _ = cancel.cancelled() => {}
-            r = async { connection(Timed::new(establish.await?, permit), plane).await } => {
-                if let Err(e) = r {
-                    debug!(%peer, err = %e, "data-plane connection ended");
-                }
+            r = served => match r {
+                Ok(Some(moving)) => lane.serve(moving, plane, cancel, token),
+                Ok(None) => {}
+                Err(e) => debug!(%peer, err = %e, "data-plane connection ended"),
             }
         }
     });
 }
 
-async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::Result<()> {
+/// What a connection established, carried along when it moves to the latency lane (see
+/// [`lane`]): its session, its class, whether its first frame is still to come, and whether it
+/// is on the lane already.
+pub(crate) struct ConnState {
+    session: Session,
+    class: QosClass,
+    first: bool,
+    on_lane: bool,
+}
+
+impl Default for ConnState {
+    fn default() -> Self {
+        // Until the client says otherwise (a `Class` frame after its `Auth`), the default class.
+        Self { session: Session::default(), class: QosClass::default(), first: true, on_lane: false }
+    }
+}
+
+/// Serves one connection's frames until it closes, or until it declares the latency class
+/// while the lane is on: then it returns the connection for the lane to go on with.
+async fn connection<S: Connection>(
+    mut stream: Timed<S>,
+    plane: DataPlane,
+    state: ConnState,
+) -> std::io::Result<Option<Moving>> {
     let mut header = [0u8; REQUEST_HEADER_LEN];
-    let mut session = Session::default();
-    // Until the client says otherwise (a `Class` frame after its `Auth`).
-    let mut class = QosClass::default();
-    let mut first = true;
+    let ConnState { mut session, mut class, mut first, on_lane } = state;
     loop {
         match stream.read_exact(&mut header).await {
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(e),
         }
         let decoded = decode_request_header(&header);
@@ -454,11 +507,11 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             let Some(token) =
                 read_body(&mut stream, len, |b| frame::decode_auth_body(b).map(str::to_string)).await?
             else {
-                return Ok(());
+                return Ok(None);
             };
             match plane.auth.authenticate(&token).await {
                 Ok(s) => session = s,
-                Err(refused) => return refuse(&mut stream, refused).await,
+                Err(refused) => return refuse(&mut stream, refused).await.map(|()| None),
             }
             first = false;
             continue;
@@ -467,7 +520,7 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             // A peer that did not open with an Auth frame, to a cluster that requires one,
             // gets nothing but that answer.
             if let Err(refused) = plane.auth.check(&mut session, Access::Any, None) {
-                return refuse(&mut stream, refused).await;
+                return refuse(&mut stream, refused).await.map(|()| None);
             }
         }
         match decoded {
@@ -517,7 +570,7 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
                 // Checked before the body is read: a pushed block's body may be as large as a
                 // block, and only a worker may make this worker take one.
                 if let Err(refused) = plane.auth.check(&mut session, Access::Worker, None) {
-                    return refuse(&mut stream, refused).await;
+                    return refuse(&mut stream, refused).await.map(|()| None);
                 }
                 serve_handoff(&mut stream, plane.handoff.as_deref(), op, len).await?
             }
@@ -553,6 +606,17 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             Ok((frame::Op::Class, len)) => {
                 if let Some(declared) = read_body(&mut stream, len, frame::decode_class_body).await? {
                     class = declared;
+                    if class == QosClass::Latency && !on_lane && plane.latency_lane.enabled() {
+                        let (socket, timed) = stream.split();
+                        match socket.portable() {
+                            Portability::Moved(socket) => {
+                                let state = ConnState { session, class, first, on_lane: true };
+                                return Ok(Some(Moving { socket, timed, state }));
+                            }
+                            Portability::Stays(socket) => stream = timed.rejoin(socket),
+                            Portability::Failed(e) => return Err(e),
+                        }
+                    }
                 }
             }
             Ok((frame::Op::Release, len)) => {
@@ -631,12 +695,14 @@ async fn connection<S: Connection>(mut stream: S, plane: DataPlane) -> std::io::
             // The connection becomes the lifetime of an RDMA queue pair.
             Ok((frame::Op::RdmaConnect, len)) => {
                 if let Err(refused) = plane.auth.check(&mut session, Access::Read, None) {
-                    return refuse(&mut stream, refused).await;
+                    return refuse(&mut stream, refused).await.map(|()| None);
                 }
-                return rdma_connect(&mut stream, &plane, len).await;
+                return rdma_connect(&mut stream, &plane, len).await.map(|()| None);
             }
-            Ok((op, _)) => return reject(&mut stream, &format!("{op:?} outside a write")).await,
-            Err(e) => return reject(&mut stream, &e.to_string()).await,
+            Ok((op, _)) => {
+                return reject(&mut stream, &format!("{op:?} outside a write")).await.map(|()| None);
+            }
+            Err(e) => return reject(&mut stream, &e.to_string()).await.map(|()| None),
         }
     }
 }

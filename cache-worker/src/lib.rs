@@ -108,6 +108,8 @@ pub struct WorkerHandle {
     pub prefetch: Arc<prefetch::Prefetcher>,
     /// The gate answers to clients pass by request class (`STRATA_QOS`).
     pub classes: Arc<classes::ClassGate>,
+    /// The thread latency-class connections are served on.
+    pub latency_lane: Arc<dataplane::LatencyLane>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -285,6 +287,7 @@ impl Worker {
         clock: SharedClock,
     ) -> Result<WorkerHandle, WorkerError> {
         config.watermarks.check().map_err(WorkerError::Config)?;
+        config.check_qos().map_err(WorkerError::Config)?;
         let worker_id = match &config.worker_id {
             Some(id) => id.clone(),
             None => load_or_create_id(&config.data_dir)?,
@@ -347,6 +350,8 @@ impl Worker {
         };
         let prefetch = Arc::new(prefetch::Prefetcher::default());
         let classes = Arc::new(classes::ClassGate::with_slots(config.qos_slots));
+        let latency_lane =
+            Arc::new(dataplane::LatencyLane::new(config.qos_latency_thread, config.qos_latency_nice));
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),
@@ -357,6 +362,7 @@ impl Worker {
             handoff: Some(handoff.receiver.clone()),
             prefetch: Some(prefetch.clone()),
             classes: classes.clone(),
+            latency_lane: latency_lane.clone(),
         };
         // Bound before the TCP plane starts, so a bad socket path fails the start cleanly.
         let local = match &config.socket_path {
@@ -448,6 +454,7 @@ impl Worker {
             local_socket,
             prefetch,
             classes,
+            latency_lane,
             cancel,
             tasks: {
                 tasks.extend([http_task, link, loader, writeback, upkeep_task, handing_off]);

@@ -41,6 +41,8 @@ pub const PREFETCH: &str = "strata_worker_prefetch_total";
 pub const QOS_REQUESTS: &str = "strata_worker_qos_requests_total";
 /// Histogram, seconds, label `class`: how long an answer waited for a place (queued ones).
 pub const QOS_WAIT_SECONDS: &str = "strata_worker_qos_wait_seconds";
+/// Counter: latency-class connections moved to the latency lane's thread of their own.
+pub const QOS_LANE_CONNECTIONS: &str = "strata_worker_qos_lane_connections_total";
 /// Counter: `ReadMany` requests (many block ranges in one round trip) served.
 pub const READ_MANY_REQUESTS: &str = "strata_worker_read_many_requests_total";
 /// Counter: block ranges asked in `ReadMany` requests (each answered as a block read is).

@@ -79,6 +79,7 @@ pub async fn start_with_clock(
         reason: "sidecar mode needs a socket path (--socket or socket_path)".into(),
     })?;
     config.watermarks.check().map_err(WorkerError::Config)?;
+    config.check_qos().map_err(WorkerError::Config)?;
     let worker_id =
         config.worker_id.clone().unwrap_or_else(|| format!("sidecar-{}", uuid::Uuid::new_v4().simple()));
     let blocks = crate::open_blocks(&config, factory, clock.clone()).await?;
@@ -110,6 +111,10 @@ pub async fn start_with_clock(
         handoff: None,
         prefetch: None,
         classes: Arc::new(crate::classes::ClassGate::default()),
+        latency_lane: Arc::new(dataplane::LatencyLane::new(
+            config.qos_latency_thread,
+            config.qos_latency_nice,
+        )),
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));
     let (http_addr, http_task) = crate::serve_ops(config.http_addr, &blocks).await?;

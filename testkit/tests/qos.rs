@@ -1,5 +1,6 @@
 //! Request classes (`STRATA_QOS`) on a real cluster: a client's class reaches the worker with
-//! its connections, a latency reader never waits behind a throughput flood, and a class the
+//! its connections, a latency reader never waits behind a throughput flood, a latency
+//! connection is served on the worker's thread of its own (the latency lane), and a class the
 //! worker does not know is refused. (The gate's ordering — latency, throughput, background,
 //! with a floor — is tested beside it, in the worker's `classes` module.)
 
@@ -85,6 +86,64 @@ async fn a_latency_reader_never_waits_behind_a_throughput_flood() {
     let latency_counted = counters[QosClass::Latency as usize];
     assert!(latency_counted.served >= 2, "{counters:?}");
     assert_eq!(latency_counted.queued, 0, "a latency read waited: {counters:?}");
+}
+
+/// The worker's runtime threads all busy — here blocked outright, the extreme of a flood that
+/// keeps them from polling sockets — and a latency client's pooled connection still answered,
+/// since it moved to the lane's thread; a throughput client's, on the shared runtime, waits.
+#[test]
+fn a_latency_connection_is_answered_while_the_shared_runtime_is_stuck() {
+    let shared =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cluster = shared.block_on(Cluster::start(ClusterOptions { workers: 1, ..ClusterOptions::default() }));
+    let small = pattern(4096, 5);
+    cluster.write_file("small.bin", &small);
+    // The clients on a runtime of their own, as in another process.
+    let own = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (latency, throughput, info) = own.block_on(async {
+        let latency = client_in(&cluster, QosClass::Latency).await;
+        let throughput = client_in(&cluster, QosClass::Throughput).await;
+        // Warm: the block in the worker's memory, one pooled connection per client.
+        assert_eq!(&latency.read_all("/data/small.bin").await.unwrap()[..], &small[..]);
+        assert_eq!(&throughput.read_all("/data/small.bin").await.unwrap()[..], &small[..]);
+        let info = latency.stat("/data/small.bin").await.unwrap();
+        (latency, throughput, info)
+    });
+    let lane = cluster.worker(0).latency_lane.clone();
+    assert_eq!(lane.moved(), 1, "only the latency client's connection moves");
+
+    let threads = 2;
+    let (stuck_tx, stuck_rx) = std::sync::mpsc::channel();
+    let releases: Vec<_> = (0..threads)
+        .map(|_| {
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let stuck = stuck_tx.clone();
+            shared.spawn(async move {
+                stuck.send(()).unwrap();
+                let _ = released.recv();
+            });
+            release
+        })
+        .collect();
+    for _ in 0..threads {
+        stuck_rx.recv_timeout(Duration::from_secs(30)).expect("every shared runtime thread blocked");
+    }
+    let (got, waiting) = own.block_on(async {
+        let (throughput, stat) = (throughput.clone(), info.clone());
+        let waiting = tokio::spawn(async move { throughput.read_range_of(&stat, 0, 4096).await });
+        let got = tokio::time::timeout(Duration::from_secs(30), latency.read_range_of(&info, 0, 4096))
+            .await
+            .expect("the latency read is answered while the shared runtime is stuck");
+        (got, waiting)
+    });
+    assert_eq!(&got.unwrap()[..], &small[..]);
+    assert!(!waiting.is_finished(), "the throughput read was served by a stuck runtime");
+    drop(releases);
+    let got = own.block_on(async { waiting.await.unwrap() });
+    assert_eq!(&got.unwrap()[..], &small[..], "the throughput read is answered once the runtime runs");
+    assert_eq!(cluster.worker(0).classes.counters()[QosClass::Latency as usize].served, 2);
+    drop((latency, throughput));
+    shared.block_on(async move { drop(cluster) });
 }
 
 #[tokio::test]

@@ -95,6 +95,19 @@ async fn a_tls_cluster_serves_exact_bytes_on_both_planes() {
     assert!(std::fs::read(cluster.ufs.dir().join("out/new.bin")).unwrap() == written);
     assert!(client.read_all("/data/out/new.bin").await.unwrap()[..] == written[..]);
 
+    // A latency-class client's TLS connections stay on the shared runtime (the TLS session
+    // cannot move to the latency lane) and are served there.
+    let mut config = cluster.client_config();
+    config.qos = strata_client::QosClass::Latency;
+    let latency = Client::connect(config).await.unwrap();
+    assert!(latency.read_all("/data/big.bin").await.unwrap()[..] == data[..], "latency-class read differs");
+    let moved: u64 = (0..cluster.worker_count()).map(|i| cluster.worker(i).latency_lane.moved()).sum();
+    assert_eq!(moved, 0);
+    let served: u64 = (0..cluster.worker_count())
+        .map(|i| cluster.worker(i).classes.counters()[strata_client::QosClass::Latency as usize].served)
+        .sum();
+    assert!(served > 0, "the reads were served in the latency class");
+
     // And the data plane really is TLS: a read through a TLS transport works.
     read_block_from(&cluster, dial(&cluster, &pki.client())).await.unwrap();
 }

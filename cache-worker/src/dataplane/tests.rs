@@ -69,6 +69,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         handoff: None,
         prefetch: None,
         classes: Arc::new(crate::classes::ClassGate::default()),
+        latency_lane: Arc::new(crate::dataplane::LatencyLane::new(true, 0)),
         // Limits and deadlines are what these tests are about: every peer is admitted by the
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),
@@ -517,4 +518,46 @@ async fn read_many_answers_each_item_in_order_and_a_refused_or_missing_item_fail
     let (head, _) = call(&mut s, &empty).await;
     assert_eq!((head.req_id, head.status), (0, Err(ErrorKind::BadFrame)));
     tokio::time::timeout(Duration::from_secs(10), closed(&mut s)).await.expect("closed");
+}
+
+/// A connection that declares the latency class moves to the lane's thread with what it had
+/// established: its token's scope still applies, it still holds its admission place, and its
+/// idle deadline still closes it (counted, the place given back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latency_connection_moves_to_the_lane_with_its_session_place_and_deadlines() {
+    use strata_security::token::{Role, TokenRecord, TokenTable, generate};
+    let idle = Duration::from_millis(300);
+    let f = fixture(WorkerConfig { idle_timeout_ms: idle.as_millis() as u64, ..WorkerConfig::default() });
+    std::fs::create_dir(f.dir.path().join("ok")).unwrap();
+    std::fs::write(f.dir.path().join("ok/b.bin"), b"small b").unwrap();
+    let token = generate();
+    let reader = TokenRecord::new(&token, Role::Reader, Some("/d/ok"), "", 0).unwrap();
+    f.plane.auth.set(crate::auth::Table {
+        epoch: 1,
+        enabled: true,
+        tokens: TokenTable::new([(reader.hash.clone(), reader.identity())]),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let opening =
+        [frame::auth_request(&token), frame::class_request(strata_common::QosClass::Latency)].concat();
+    s.write_all(&opening).await.unwrap();
+    let sb = stat_of(&mut s, 1, "/d/ok/b.bin").await;
+    assert_eq!(f.plane.latency_lane.moved(), 1, "the connection moved");
+    let (head, payload) = call(&mut s, &read_of(2, &sb, 0, 0, 7).encode()).await;
+    assert_eq!((head.status, payload.as_slice()), (Ok(Source::Ufs), &b"small b"[..]), "{head:?}");
+    let outside = FileStat { path: "/d/f.bin".into(), size: OLD.len() as u64, ..sb.clone() };
+    let (head, _) = call(&mut s, &read_of(3, &outside, 0, 0, OLD.len() as u64).encode()).await;
+    assert_eq!(head.status, Err(ErrorKind::PermissionDenied), "the token's scope moved with it");
+    assert_eq!(f.plane.connections.snapshot().open, 1, "its place moved with it");
+    let counters = f.plane.classes.counters();
+    assert_eq!(counters[strata_common::QosClass::Latency as usize].served, 1, "{counters:?}");
+    tokio::time::timeout(Duration::from_secs(10), closed(&mut s)).await.expect("closed when idle");
+    eventually("counted and the place given back", Duration::from_secs(5), || {
+        let s = f.plane.connections.snapshot();
+        s.idle_timeouts == 1 && s.open == 0
+    })
+    .await;
 }

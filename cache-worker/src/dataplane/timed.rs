@@ -168,6 +168,26 @@ impl<S> Timed<S> {
         }
     }
 
+    /// Splits off the stream, keeping the deadlines, the frame tracker and the admission place
+    /// for [`rejoin`](Timed::rejoin) around the same socket on another runtime. The timers
+    /// belong to the runtime that armed them, so they are dropped and armed again by the next
+    /// wait.
+    pub(crate) fn split(self) -> (S, Timed<()>) {
+        let Self { inner, permit, timeouts, tracker, read_deadline, write_deadline, stalled, .. } = self;
+        let rest = Timed {
+            inner: (),
+            permit,
+            timeouts,
+            tracker,
+            read_deadline,
+            write_deadline,
+            read_timer: None,
+            write_timer: None,
+            stalled,
+        };
+        (inner, rest)
+    }
+
     fn on_read(&mut self, bytes: &[u8]) {
         if self.tracker.feed(bytes) {
             // A new request: the previous response was taken.
@@ -240,6 +260,24 @@ impl<S> Timed<S> {
                 Poll::Pending
             }
             ready => ready,
+        }
+    }
+}
+
+impl Timed<()> {
+    /// The deadlines and place [`split`](Timed::split) off, around `inner`.
+    pub(crate) fn rejoin<S>(self, inner: S) -> Timed<S> {
+        let Self { permit, timeouts, tracker, read_deadline, write_deadline, stalled, .. } = self;
+        Timed {
+            inner,
+            permit,
+            timeouts,
+            tracker,
+            read_deadline,
+            write_deadline,
+            read_timer: None,
+            write_timer: None,
+            stalled,
         }
     }
 }
