@@ -17,12 +17,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use strata_common::frame::Source;
 use strata_common::upstream::Upstream;
-use strata_common::{BlockKey, SharedClock, block};
+use strata_common::{BlockKey, QosClass, SharedClock, block};
 use strata_ufs::{UfsError, UfsWriter};
 
 use crate::cache::{BlockCache, Durability};
+use crate::classes::ClassGate;
 use crate::error::ServeError;
-use crate::fetch::{Fetcher, Located};
+use crate::fetch::{FetchFor, Fetcher, Located};
 use crate::metrics_defs as m;
 use crate::mounts::{Mounts, Resolved};
 use crate::qos::Qos;
@@ -128,11 +129,12 @@ impl BlockService {
         counters: Arc<Counters>,
         mounts: Arc<Mounts>,
         ufs_deadline: Duration,
+        fetch_gate: Arc<ClassGate>,
         clock: SharedClock,
     ) -> Self {
         Self {
             journal: std::sync::OnceLock::new(),
-            fetcher: Fetcher::new(cache.clone(), counters.clone(), ufs_deadline),
+            fetcher: Fetcher::new(cache.clone(), counters.clone(), ufs_deadline, fetch_gate),
             cache,
             mounts,
             qos: Qos::new(clock),
@@ -146,6 +148,11 @@ impl BlockService {
 
     pub fn mounts(&self) -> &Arc<Mounts> {
         &self.mounts
+    }
+
+    /// The gate client reads' UFS fetches pass by request class.
+    pub fn fetch_gate(&self) -> &Arc<ClassGate> {
+        self.fetcher.gate()
     }
 
     /// Foreground activity, which the loader and the write-back writer yield to.
@@ -235,20 +242,22 @@ impl BlockService {
         metrics::counter!(m::BYTES_SERVED).increment(bytes);
     }
 
-    /// One block range as bytes in memory. `Ok` holds exactly `r.len` bytes.
+    /// One block range as bytes in memory, for a client of the default request class. `Ok`
+    /// holds exactly `r.len` bytes.
     pub async fn read(&self, r: &BlockRead) -> Result<(Bytes, Source), ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
         if let Some(id) = block::write_back_id(&r.version) {
             return Ok((self.read_journal(r, &at, id).await?, Source::Nvme));
         }
-        self.read_bytes(r, &at).await
+        self.read_bytes(r, &at, QosClass::default()).await
     }
 
     /// One block range like [`read`](Self::read), but a block that is only on NVMe (and
     /// verified) comes back as a file region instead of being read into memory. It is not
-    /// promoted to DRAM then: the page cache holds it as well as DRAM would.
-    pub async fn read_payload(&self, r: &BlockRead) -> Result<Served, ServeError> {
+    /// promoted to DRAM then: the page cache holds it as well as DRAM would. A miss is fetched
+    /// in the client's request `class`.
+    pub async fn read_payload(&self, r: &BlockRead, class: QosClass) -> Result<Served, ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
         if let Some(id) = block::write_back_id(&r.version) {
@@ -262,7 +271,7 @@ impl BlockService {
                 Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
             return Ok(Served { payload, source: Source::Nvme, key: at.key });
         }
-        let (bytes, source) = self.read_bytes(r, &at).await?;
+        let (bytes, source) = self.read_bytes(r, &at, class).await?;
         Ok(Served { payload: Payload::Bytes(bytes), source, key: at.key })
     }
 
@@ -306,12 +315,19 @@ impl BlockService {
             return Ok(None);
         }
         let at = self.locate_range(r).await?;
-        let (bytes, source) = self.fetcher.block(&at, Durability::WriteBack).await?;
+        // The asking replica's client's class is not sent along: peer traffic goes in the default.
+        let (bytes, source) =
+            self.fetcher.block(&at, Durability::WriteBack, FetchFor::Client(QosClass::default())).await?;
         let start = r.offset as usize;
         Ok(Some((bytes.slice(start..start + r.len as usize), source)))
     }
 
-    async fn read_bytes(&self, r: &BlockRead, at: &Located) -> Result<(Bytes, Source), ServeError> {
+    async fn read_bytes(
+        &self,
+        r: &BlockRead,
+        at: &Located,
+        class: QosClass,
+    ) -> Result<(Bytes, Source), ServeError> {
         // Part of a cached block: only that part is read (and checked) from NVMe.
         if r.len < at.block_len
             && let Some((out, source)) = self.cache.lookup_range(&at.key, r.offset..r.offset + r.len).await
@@ -319,7 +335,7 @@ impl BlockService {
             self.served(out.len() as u64);
             return Ok((out, source));
         }
-        let (bytes, source) = self.fetcher.block(at, Durability::WriteBack).await?;
+        let (bytes, source) = self.fetcher.block(at, Durability::WriteBack, FetchFor::Client(class)).await?;
         let start = r.offset as usize;
         let out = bytes.slice(start..start + r.len as usize);
         self.served(out.len() as u64);
@@ -342,7 +358,7 @@ impl BlockService {
             self.cache.settle_on_nvme(&at.key, None, at.params).await.map_err(on_nvme)?;
             return Ok(LoadOutcome { already_cached: true, bytes: at.block_len });
         }
-        let (bytes, source) = self.fetcher.block(&at, Durability::WriteThrough).await?;
+        let (bytes, source) = self.fetcher.block(&at, Durability::WriteThrough, FetchFor::Load).await?;
         self.cache.settle_on_nvme(&at.key, Some(bytes), at.params).await.map_err(on_nvme)?;
         Ok(LoadOutcome { already_cached: !matches!(source, Source::Ufs), bytes: at.block_len })
     }
@@ -403,7 +419,7 @@ impl BlockService {
         if self.cache.contains(&at.key) {
             return Ok((at, None, true));
         }
-        let (bytes, source) = self.fetcher.block(&at, Durability::ByCaller).await?;
+        let (bytes, source) = self.fetcher.block(&at, Durability::ByCaller, FetchFor::Load).await?;
         let cached = !matches!(source, Source::Ufs);
         Ok((at, Some(bytes), cached))
     }

@@ -8,8 +8,9 @@
 //!
 //! The gate bounds how many answers are being written at once, not how many requests are
 //! open: a flood's requests beyond the places wait parked, costing no runtime time, so a
-//! latency request's task finds a short run queue. UFS fetches are not gated (a cold block
-//! holds no place while the store answers).
+//! latency request's task finds a short run queue. A cold block holds no answer place while
+//! the store answers: client reads' UFS fetches pass a gate of their own, the same kind with
+//! its own places (`ufs_fetch_slots`, see `fetch`).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -23,13 +24,30 @@ use crate::metrics_defs as m;
 
 /// Places for answers being sent at once (`qos_slots`).
 pub const DEFAULT_QOS_SLOTS: usize = 8;
+/// Places for client reads' UFS fetches in flight at once (`ufs_fetch_slots`): enough for a
+/// worker's store bandwidth with 4 MiB blocks (64 × 4 MiB = 256 MiB in flight), so the gate
+/// orders classes only under a flood, never slows one reader.
+pub const DEFAULT_UFS_FETCH_SLOTS: usize = 64;
 /// One hand-over in this many goes to the lowest class waiting.
 pub const DEFAULT_QOS_FLOOR: u32 = 8;
 /// A latency answer within this window makes the other classes step aside once per answer.
 pub const LATENCY_RECENT: Duration = Duration::from_millis(50);
 
-/// The gate; one per worker, shared by its connections.
+/// The metrics a gate counts into: what it lets through, and how long the waiting ones waited.
+#[derive(Debug, Clone, Copy)]
+struct GateMetrics {
+    requests: &'static str,
+    wait_seconds: &'static str,
+}
+
+const ANSWERS: GateMetrics = GateMetrics { requests: m::QOS_REQUESTS, wait_seconds: m::QOS_WAIT_SECONDS };
+const UFS_FETCHES: GateMetrics =
+    GateMetrics { requests: m::QOS_UFS_FETCHES, wait_seconds: m::QOS_UFS_FETCH_WAIT_SECONDS };
+
+/// The gate; one per worker for answers, shared by its connections, and one for client reads'
+/// UFS fetches.
 pub struct ClassGate {
+    metrics: GateMetrics,
     slots: usize,
     latency_reserve: usize,
     floor: u32,
@@ -98,9 +116,16 @@ impl ClassGate {
         Self::new(slots, slots.div_ceil(2), DEFAULT_QOS_FLOOR)
     }
 
+    /// `slots` places for client reads' UFS fetches, half as many more for latency, the default
+    /// floor; 0: no gate. Counted in the `strata_worker_qos_ufs_fetch*` metrics.
+    pub fn for_ufs_fetches(slots: usize) -> Self {
+        Self { metrics: UFS_FETCHES, ..Self::with_slots(slots) }
+    }
+
     /// `slots` 0: no gate (every request goes at once, counted).
     pub fn new(slots: usize, latency_reserve: usize, floor: u32) -> Self {
         Self {
+            metrics: ANSWERS,
             slots,
             latency_reserve,
             floor,
@@ -147,14 +172,14 @@ impl ClassGate {
         }
     }
 
-    /// A place for one answer of `class`: at once when one is free and nobody of the same or
+    /// A place for one request of `class`: at once when one is free and nobody of the same or
     /// a higher class waits, else when the gate hands one over.
     pub async fn acquire(&self, class: QosClass) -> ClassPermit<'_> {
         let i = class as usize;
         self.served[i].fetch_add(1, Ordering::Relaxed);
         let label = class.as_str();
         if self.slots == 0 {
-            metrics::counter!(m::QOS_REQUESTS, "class" => label, "queued" => "false").increment(1);
+            metrics::counter!(self.metrics.requests, "class" => label, "queued" => "false").increment(1);
             return ClassPermit { gate: None };
         }
         let rx = {
@@ -170,7 +195,7 @@ impl ClassGate {
             if !ahead && state.in_use < self.limit(class) {
                 state.in_use += 1;
                 drop(state);
-                metrics::counter!(m::QOS_REQUESTS, "class" => label, "queued" => "false").increment(1);
+                metrics::counter!(self.metrics.requests, "class" => label, "queued" => "false").increment(1);
                 return ClassPermit { gate: Some(self) };
             }
             let (tx, rx) = oneshot::channel();
@@ -178,14 +203,15 @@ impl ClassGate {
             rx
         };
         self.queued[i].fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(m::QOS_REQUESTS, "class" => label, "queued" => "true").increment(1);
+        metrics::counter!(self.metrics.requests, "class" => label, "queued" => "true").increment(1);
         let started = Instant::now();
         let mut waiting = Waiting { gate: self, rx: Some(rx) };
         // The sender lives in the gate until it is used: an error cannot happen while `self`
         // is borrowed, and would mean the place was never counted.
         let handed = waiting.rx.as_mut().expect("set above").await.is_ok();
         waiting.rx = None;
-        metrics::histogram!(m::QOS_WAIT_SECONDS, "class" => label).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(self.metrics.wait_seconds, "class" => label)
+            .record(started.elapsed().as_secs_f64());
         ClassPermit { gate: handed.then_some(self) }
     }
 

@@ -144,6 +144,10 @@ pub struct WorkerConfig {
     /// the lowest class waiting); latency answers may take half as many more. 0 turns the
     /// classes off. Default 8.
     pub qos_slots: usize,
+    /// Client reads' UFS fetches in flight at once before the rest wait their turn by request
+    /// class, as answers do; latency fetches may take half as many more. Loads (warmup,
+    /// prefetch) take no place. 0 turns the gate off. Default 64.
+    pub ufs_fetch_slots: usize,
     /// Serve latency-class connections on a runtime thread of their own (the latency lane),
     /// so a throughput flood on the shared runtime threads does not delay them. Default true.
     pub qos_latency_thread: bool,
@@ -289,6 +293,7 @@ impl Default for WorkerConfig {
             handoff_queue: crate::handoff::DEFAULT_HANDOFF_QUEUE,
             prefetch_parallelism: crate::prefetch::DEFAULT_PREFETCH_PARALLELISM,
             qos_slots: crate::classes::DEFAULT_QOS_SLOTS,
+            ufs_fetch_slots: crate::classes::DEFAULT_UFS_FETCH_SLOTS,
             qos_latency_thread: true,
             qos_latency_nice: DEFAULT_QOS_LATENCY_NICE,
         }

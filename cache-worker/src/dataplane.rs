@@ -714,8 +714,8 @@ async fn serve_read<S: Connection>(
     class: QosClass,
 ) -> std::io::Result<()> {
     let started = Instant::now();
-    let read = plane.blocks.read_payload(&block_read(req)).await;
-    // Only the answer waits its turn: a cold block's UFS fetch holds no place.
+    // A cold block's UFS fetch waits for a fetch place by class; the answer for an answer place.
+    let read = plane.blocks.read_payload(&block_read(req), class).await;
     plane.classes.step_aside(class).await;
     let _place = plane.classes.acquire(class).await;
     answer_read(stream, req, read, started).await
@@ -740,7 +740,7 @@ async fn serve_read_many<S: Connection>(
     // Made here rather than in a stream combinator's closure, whose borrows the compiler
     // cannot prove general enough for the connection's `Send` future.
     let reads: Vec<_> =
-        items.iter().zip(allowed).map(|(req, allowed)| read_item(plane, req, allowed)).collect();
+        items.iter().zip(allowed).map(|(req, allowed)| read_item(plane, req, allowed, class)).collect();
     let mut answers = futures::stream::iter(reads).buffered(READ_MANY_CONCURRENCY);
     while let Some((req, read, started)) = answers.next().await {
         plane.classes.step_aside(class).await;
@@ -758,12 +758,13 @@ async fn read_item<'a>(
     plane: &'a DataPlane,
     req: &'a ReadBlockRequest,
     allowed: Result<(), Refused>,
+    class: QosClass,
 ) -> (&'a ReadBlockRequest, Result<Result<Served, ServeError>, Refused>, Instant) {
     let started = Instant::now();
     let read = match allowed {
         Ok(()) => {
             plane.reading(req);
-            Ok(plane.blocks.read_payload(&block_read(req)).await)
+            Ok(plane.blocks.read_payload(&block_read(req), class).await)
         }
         Err(refused) => Err(refused),
     };

@@ -13,6 +13,11 @@
 //! deadline here (`ufs_timeout`, the whole block including the UFS layer's own retries); the
 //! per-attempt timeouts inside it belong to the mount's UFS (its `ufs_timeout` and
 //! `ufs_io_timeout` options) and only make a stalled attempt retry sooner.
+//!
+//! A client read's fetch first takes a place in the UFS fetch gate by the client's request
+//! class (`ufs_fetch_slots`, docs/QOS.md), held while the store answers and given back before
+//! the block is kept; loads (warmup, prefetch) take none — their lanes have windows of their
+//! own. The place is the flight's: a reader joining a flight waits in its flier's class.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -20,13 +25,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_common::BlockKey;
 use strata_common::frame::Source;
 use strata_common::upstream::{Upstream, UpstreamRead};
+use strata_common::{BlockKey, QosClass};
 use tokio::sync::OnceCell;
 use tracing::{debug, warn};
 
 use crate::cache::{BlockCache, Durability, NvmeWrite};
+use crate::classes::ClassGate;
 use crate::error::ServeError;
 use crate::metrics_defs as m;
 use crate::mounts::WorkerMount;
@@ -57,6 +63,15 @@ impl Located {
     }
 }
 
+/// Whose miss a fetch serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchFor {
+    /// A client's read, of this request class: waits for a place in the UFS fetch gate.
+    Client(QosClass),
+    /// A load (warmup, prefetch): its lane's window bounds it; no place is taken.
+    Load,
+}
+
 type Flights = Mutex<HashMap<BlockKey, Arc<OnceCell<Bytes>>>>;
 
 pub struct Fetcher {
@@ -65,11 +80,23 @@ pub struct Fetcher {
     inflight: Arc<Flights>,
     upstream: OnceLock<Arc<dyn Upstream>>,
     ufs_deadline: Duration,
+    gate: Arc<ClassGate>,
 }
 
 impl Fetcher {
-    pub fn new(cache: Arc<BlockCache>, counters: Arc<Counters>, ufs_deadline: Duration) -> Self {
-        Self { cache, counters, inflight: Arc::default(), upstream: OnceLock::new(), ufs_deadline }
+    /// Client reads' fetches pass `gate` (see [`ClassGate::for_ufs_fetches`]).
+    pub fn new(
+        cache: Arc<BlockCache>,
+        counters: Arc<Counters>,
+        ufs_deadline: Duration,
+        gate: Arc<ClassGate>,
+    ) -> Self {
+        Self { cache, counters, inflight: Arc::default(), upstream: OnceLock::new(), ufs_deadline, gate }
+    }
+
+    /// The gate client reads' fetches pass.
+    pub fn gate(&self) -> &Arc<ClassGate> {
+        &self.gate
     }
 
     /// Makes misses ask `upstream` before the UFS (sidecar mode). Set once; later calls are
@@ -78,8 +105,14 @@ impl Fetcher {
         let _ = self.upstream.set(upstream);
     }
 
-    /// The whole block from a tier or, on a miss, fetched once and kept with `durability`.
-    pub async fn block(&self, at: &Located, durability: Durability) -> Result<(Bytes, Source), ServeError> {
+    /// The whole block from a tier or, on a miss, fetched once (for `whom`) and kept with
+    /// `durability`.
+    pub async fn block(
+        &self,
+        at: &Located,
+        durability: Durability,
+        whom: FetchFor,
+    ) -> Result<(Bytes, Source), ServeError> {
         if let Some(found) = self.cache.lookup(&at.key).await {
             return Ok(found);
         }
@@ -101,7 +134,7 @@ impl Fetcher {
                     *flown.lock().unwrap_or_else(|p| p.into_inner()) = Some(None);
                     return Ok(b);
                 }
-                let (bytes, write) = self.fetch(at, durability).await?;
+                let (bytes, write) = self.fetch(at, durability, whom).await?;
                 *flown.lock().unwrap_or_else(|p| p.into_inner()) = Some(write);
                 Ok(bytes)
             })
@@ -128,10 +161,23 @@ impl Fetcher {
         &self,
         at: &Located,
         durability: Durability,
+        whom: FetchFor,
     ) -> Result<(Bytes, Option<NvmeWrite>), ServeError> {
+        let bytes = {
+            let _place = match whom {
+                FetchFor::Client(class) => Some(self.gate.acquire(class).await),
+                FetchFor::Load => None,
+            };
+            self.read_below(at).await?
+        };
+        let write = self.cache.keep(&at.key, &bytes, durability, at.params).await;
+        Ok((bytes, write))
+    }
+
+    /// The block from the upstream, else from the UFS within the fetch deadline.
+    async fn read_below(&self, at: &Located) -> Result<Bytes, ServeError> {
         if let Some(bytes) = self.ask_upstream(at).await {
-            let write = self.cache.keep(&at.key, &bytes, durability, at.params).await;
-            return Ok((bytes, write));
+            return Ok(bytes);
         }
         let read = at.mount.ufs.read_range(&at.rel, at.range(), &at.key.version);
         let bytes = match tokio::time::timeout(self.ufs_deadline, read).await {
@@ -149,8 +195,7 @@ impl Fetcher {
         self.counters.ufs_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         metrics::counter!(m::UFS_READS).increment(1);
         metrics::counter!(m::UFS_BYTES).increment(bytes.len() as u64);
-        let write = self.cache.keep(&at.key, &bytes, durability, at.params).await;
-        Ok((bytes, write))
+        Ok(bytes)
     }
 
     /// The block from the upstream, when there is one and it answers with the whole block.
@@ -191,5 +236,155 @@ fn end_flight(inflight: &Flights, key: &BlockKey, cell: &Arc<OnceCell<Bytes>>) {
     let mut flights = inflight.lock().unwrap_or_else(|p| p.into_inner());
     if flights.get(key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
         flights.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use async_trait::async_trait;
+    use strata_common::{MountMode, MountOptions};
+    use strata_ufs::{ObjectMeta, Ufs, UfsEntry};
+
+    use super::*;
+    use crate::cache::CacheConfig;
+    use crate::tier::MemoryTier;
+
+    /// A UFS whose reads record their start and then wait for a permit the test hands out.
+    struct HeldUfs {
+        started: Mutex<Vec<String>>,
+        go: tokio::sync::Semaphore,
+    }
+
+    impl Default for HeldUfs {
+        fn default() -> Self {
+            Self { started: Mutex::default(), go: tokio::sync::Semaphore::new(0) }
+        }
+    }
+
+    #[async_trait]
+    impl Ufs for HeldUfs {
+        async fn stat(&self, path: &str) -> strata_ufs::Result<ObjectMeta> {
+            Err(strata_ufs::UfsError::NotFound(path.into()))
+        }
+        async fn list(&self, _dir: &str) -> strata_ufs::Result<Vec<UfsEntry>> {
+            Ok(Vec::new())
+        }
+        async fn read_range(
+            &self,
+            path: &str,
+            range: std::ops::Range<u64>,
+            _version: &str,
+        ) -> strata_ufs::Result<Bytes> {
+            self.started.lock().unwrap().push(path.to_string());
+            self.go.acquire().await.expect("never closed").forget();
+            Ok(Bytes::from(vec![7u8; (range.end - range.start) as usize]))
+        }
+    }
+
+    fn fetcher(gate: ClassGate) -> Fetcher {
+        let counters = Arc::new(Counters::default());
+        let cache = Arc::new(BlockCache::new(
+            Arc::new(MemoryTier::new(1 << 20)),
+            Arc::new(MemoryTier::new(0)),
+            CacheConfig::default(),
+            counters.clone(),
+        ));
+        Fetcher::new(cache, counters, Duration::from_secs(30), Arc::new(gate))
+    }
+
+    fn located(ufs: &Arc<HeldUfs>, name: &str) -> Located {
+        let mount = Arc::new(WorkerMount {
+            path: "/d".into(),
+            uri: "held://".into(),
+            block_size: 1024,
+            mode: MountMode::ReadOnly,
+            options: MountOptions::default(),
+            ufs: ufs.clone(),
+        });
+        Located {
+            key: BlockKey::new(format!("held://{name}"), "v1".to_string(), 0),
+            path: format!("/d/{name}"),
+            mount,
+            rel: name.to_string(),
+            file_size: 100,
+            block_len: 100,
+            params: PutParams::default(),
+        }
+    }
+
+    async fn until(what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn client_fetches_wait_for_a_place_by_class_and_loads_take_none() {
+        // One place, no latency reserve, no floor: the order is the classes' alone.
+        let fetcher = Arc::new(fetcher(ClassGate::new(1, 0, 0)));
+        let ufs = Arc::new(HeldUfs::default());
+        let fetch = |name: &'static str, whom: FetchFor| {
+            let (fetcher, at) = (fetcher.clone(), located(&ufs, name));
+            tokio::spawn(async move { fetcher.block(&at, Durability::WriteBack, whom).await.map(|(b, _)| b) })
+        };
+        let started = |n: usize| ufs.started.lock().unwrap().len() >= n;
+        let queued = || fetcher.gate().counters().iter().map(|c| c.queued).sum::<u64>();
+
+        let mut tasks = vec![fetch("holder", FetchFor::Client(QosClass::Throughput))];
+        until("the holder's read started", || started(1)).await;
+        for (i, (name, class)) in [
+            ("background", QosClass::Background),
+            ("throughput", QosClass::Throughput),
+            ("latency", QosClass::Latency),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            tasks.push(fetch(name, FetchFor::Client(class)));
+            until("the fetch waits for a place", || queued() == i as u64 + 1).await;
+        }
+        tasks.push(fetch("load", FetchFor::Load));
+        until("the load reached the UFS past the full gate", || started(2)).await;
+        // Each permit lets the oldest read waiting in the UFS finish; a client fetch's place then
+        // goes to the highest class waiting. The holder's ends first, then the load's (which
+        // frees no place), then each client fetch's in turn.
+        for (permits, reached) in [(1, 3), (2, 4), (1, 5)] {
+            ufs.go.add_permits(permits);
+            until("the next fetch reached the UFS", || started(reached)).await;
+        }
+        ufs.go.add_permits(1);
+        for task in tasks {
+            assert_eq!(task.await.unwrap().unwrap().len(), 100);
+        }
+        assert_eq!(*ufs.started.lock().unwrap(), ["holder", "load", "latency", "throughput", "background"]);
+        let counters = fetcher.gate().counters();
+        assert_eq!(
+            [counters[0].served, counters[1].served, counters[2].served],
+            [1, 2, 1],
+            "loads are not counted"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_joined_flight_takes_one_place_and_a_cached_block_none() {
+        let fetcher = fetcher(ClassGate::new(1, 0, 0));
+        let ufs = Arc::new(HeldUfs::default());
+        let at = located(&ufs, "shared");
+        ufs.go.add_permits(1);
+        let (a, b) = tokio::join!(
+            fetcher.block(&at, Durability::WriteBack, FetchFor::Client(QosClass::Throughput)),
+            fetcher.block(&at, Durability::WriteBack, FetchFor::Client(QosClass::Latency)),
+        );
+        assert_eq!((a.unwrap().0, b.unwrap().0.len()), (Bytes::from(vec![7u8; 100]), 100));
+        let (_, source) =
+            fetcher.block(&at, Durability::WriteBack, FetchFor::Client(QosClass::Latency)).await.unwrap();
+        assert_eq!(source, Source::Memory);
+        assert_eq!(ufs.started.lock().unwrap().len(), 1, "one fetch for the block");
+        let served: u64 = fetcher.gate().counters().iter().map(|c| c.served).sum();
+        assert_eq!(served, 1, "only the flight's fetch took a place");
     }
 }

@@ -231,6 +231,7 @@ pub(crate) async fn open_blocks(
         counters,
         mounts,
         Duration::from_millis(config.ufs_timeout_ms),
+        Arc::new(classes::ClassGate::for_ufs_fetches(config.ufs_fetch_slots)),
         clock,
     )))
 }

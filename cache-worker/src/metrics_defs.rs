@@ -41,6 +41,11 @@ pub const PREFETCH: &str = "strata_worker_prefetch_total";
 pub const QOS_REQUESTS: &str = "strata_worker_qos_requests_total";
 /// Histogram, seconds, label `class`: how long an answer waited for a place (queued ones).
 pub const QOS_WAIT_SECONDS: &str = "strata_worker_qos_wait_seconds";
+/// Counter, labels `class` and `queued`: client reads' UFS fetches by request class, and
+/// whether they waited for one of the `ufs_fetch_slots` places.
+pub const QOS_UFS_FETCHES: &str = "strata_worker_qos_ufs_fetches_total";
+/// Histogram, seconds, label `class`: how long a UFS fetch waited for a place (queued ones).
+pub const QOS_UFS_FETCH_WAIT_SECONDS: &str = "strata_worker_qos_ufs_fetch_wait_seconds";
 /// Counter: latency-class connections moved to the latency lane's thread of their own.
 pub const QOS_LANE_CONNECTIONS: &str = "strata_worker_qos_lane_connections_total";
 /// Counter: `ReadMany` requests (many block ranges in one round trip) served.

@@ -297,6 +297,7 @@ mod tests {
             counters,
             mounts,
             Duration::from_secs(10),
+            Arc::new(crate::classes::ClassGate::for_ufs_fetches(0)),
             strata_common::clock::system(),
         );
         let version = factory.open(&uri, &Default::default()).unwrap().stat("f.bin").await.unwrap().version;

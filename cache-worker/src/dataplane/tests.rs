@@ -59,7 +59,14 @@ fn fixture(config: WorkerConfig) -> Fixture {
         }],
     })));
     let clock = strata_common::clock::system();
-    let blocks = BlockService::new(cache, counters, mounts, Duration::from_secs(10), clock.clone());
+    let blocks = BlockService::new(
+        cache,
+        counters,
+        mounts,
+        Duration::from_secs(10),
+        Arc::new(crate::classes::ClassGate::for_ufs_fetches(0)),
+        clock.clone(),
+    );
     let plane = DataPlane {
         blocks: Arc::new(blocks),
         grants: Arc::new(Grants::from_config(&config, clock).unwrap()),

@@ -131,7 +131,8 @@ impl FdGrants {
             return Err(GrantError::Refused("short-circuit reads are off on this worker".into()));
         }
         let (fd, offset, kind, pin, source) = if copy {
-            let Served { payload, source, key } = blocks.read_payload(r).await?;
+            let Served { payload, source, key } =
+                blocks.read_payload(r, strata_common::QosClass::default()).await?;
             match payload {
                 Payload::File { file, offset, .. } => {
                     (Arc::new(OwnedFd::from(file)), offset, "file", None, source)
