@@ -41,6 +41,14 @@ const DEFAULT_PAGE: usize = 5_000;
 const MAX_PAGE: usize = 50_000;
 /// How often retention is applied (on the next report or mark after this much time).
 const PRUNE_EVERY_MS: i64 = 60_000;
+/// How long the master remembers a report's id, so a retry of a report it already applied (its
+/// answer lost to a timeout) is acknowledged without counting its reads again. A client resends
+/// a failed report within its flush interval or when the master answers again after an outage.
+pub const REPORT_RECEIPT_MS: i64 = 15 * 60_000;
+/// Most report ids remembered (the oldest go first): 16 MiB or so at the longest ids.
+pub const MAX_RECEIPTS: usize = 100_000;
+/// Longest report id accepted.
+const MAX_REPORT_ID: usize = 128;
 
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -61,6 +69,8 @@ pub enum LineageError {
     NoMark { job: String, since: String },
     #[error("malformed page token")]
     BadPageToken,
+    #[error("lineage report id {0:?}: {1}")]
+    BadReportId(String, &'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -73,7 +83,8 @@ impl LineageError {
             | Self::BadLabel(..)
             | Self::BadEntry { .. }
             | Self::TooLarge(_)
-            | Self::BadPageToken => K::InvalidArgument,
+            | Self::BadPageToken
+            | Self::BadReportId(..) => K::InvalidArgument,
             Self::OutOfScope(_) => K::PermissionDenied,
             Self::NoJob(_) | Self::NoMark { .. } => K::NotFound,
             Self::Store(StoreError::NotLeader) => K::NotLeader,
@@ -210,11 +221,36 @@ struct State {
     last_prune_ms: i64,
 }
 
+/// (reporting token, job, report id): whose report a receipt is for.
+type ReceiptKey = (String, String, String);
+
+/// The ids of reports applied lately, with what each answered. In memory only: a report retried
+/// across a master restart or failover can count twice (docs/LINEAGE.md).
+#[derive(Default)]
+struct Receipts {
+    answered: HashMap<ReceiptKey, usize>,
+    /// When each was applied, oldest first.
+    order: std::collections::VecDeque<(i64, ReceiptKey)>,
+}
+
+impl Receipts {
+    fn forget_before(&mut self, horizon: i64) {
+        while self.order.front().is_some_and(|(at, _)| *at < horizon) || self.order.len() > MAX_RECEIPTS {
+            if let Some((_, key)) = self.order.pop_front() {
+                self.answered.remove(&key);
+            }
+        }
+    }
+}
+
 pub struct Lineage {
     store: Arc<dyn MetaStore>,
     clock: SharedClock,
     settings: LineageSettings,
     state: Mutex<State>,
+    /// Held across a report with an id, from the check to the receipt, so a retry that arrives
+    /// while the original is still being applied waits for it and is then answered from it.
+    receipts: Mutex<Receipts>,
 }
 
 /// A job name as recorded: `anonymous` for none; control characters and overlong names refused.
@@ -255,7 +291,7 @@ impl Lineage {
         for marks in state.marks.values_mut() {
             marks.sort_by_key(|m| m.seq);
         }
-        let lineage = Self { store, clock, settings, state: Mutex::new(state) };
+        let lineage = Self { store, clock, settings, state: Mutex::new(state), receipts: Mutex::default() };
         {
             let mut state = lineage.lock();
             let now = lineage.clock.wall_ms();
@@ -270,6 +306,43 @@ impl Lineage {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Lineage::report`] once per `report_id` (the client's id for this report, the same on
+    /// every retry of it): a report with an id applied in the last [`REPORT_RECEIPT_MS`] is
+    /// answered as it was then, not counted again. An empty id is applied every time.
+    pub fn report_once(
+        &self,
+        job: &str,
+        reader: &str,
+        report_id: &str,
+        reads: Vec<ReadReport>,
+        client_now_ms: i64,
+        in_scope: impl Fn(&str) -> bool,
+    ) -> Result<usize, LineageError> {
+        if report_id.is_empty() {
+            return self.report(job, reader, reads, client_now_ms, in_scope);
+        }
+        if report_id.len() > MAX_REPORT_ID {
+            return Err(LineageError::BadReportId(report_id.into(), "longer than 128 bytes"));
+        }
+        if report_id.chars().any(char::is_control) {
+            return Err(LineageError::BadReportId(report_id.into(), "holds a control character"));
+        }
+        let key = (reader.to_string(), job_name(job)?, report_id.to_string());
+        let mut receipts = self.receipts.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.clock.wall_ms();
+        receipts.forget_before(now.saturating_sub(REPORT_RECEIPT_MS));
+        if let Some(&recorded) = receipts.answered.get(&key) {
+            metrics::counter!(m::LINEAGE_REPEATED_REPORTS).increment(1);
+            info!(job = %key.1, report = %key.2, "a lineage report sent again was already recorded; not counted twice");
+            return Ok(recorded);
+        }
+        let recorded = self.report(job, reader, reads, client_now_ms, in_scope)?;
+        receipts.answered.insert(key.clone(), recorded);
+        receipts.order.push_back((now, key));
+        receipts.forget_before(now.saturating_sub(REPORT_RECEIPT_MS));
+        Ok(recorded)
     }
 
     /// Merges one client's window of reads into the job's records. `reader` is the reporting
@@ -698,6 +771,63 @@ mod tests {
         check(&lineage);
         // Numbering goes on after the restart.
         assert_eq!(lineage.mark("train", "epoch=2").unwrap().seq, 2);
+    }
+
+    #[test]
+    fn a_report_sent_again_under_its_id_counts_once_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new();
+        let (_store, lineage) = open(dir.path(), &clock, settings());
+        let t0 = clock.wall_ms();
+        let reads = || vec![read("/d/a", "v1", 10, t0), read("/d/b", "v1", 1, t0)];
+        let totals = |lineage: &Lineage| -> (u64, u64) {
+            let records = lineage.job("j", "", "", 0, all).unwrap().records;
+            (records.iter().map(|r| r.bytes).sum(), records.iter().map(|r| r.reads).sum())
+        };
+        assert_eq!(lineage.report_once("j", "tok", "c1-0", reads(), t0, all).unwrap(), 2);
+        // The retry of a report whose answer was lost: answered as before, not counted again.
+        assert_eq!(lineage.report_once("j", "tok", "c1-0", reads(), t0, all).unwrap(), 2);
+        assert_eq!(totals(&lineage), (11, 2));
+        // Another report of the same client, the same id from another token or for another
+        // job, and a report without an id are each counted.
+        lineage.report_once("j", "tok", "c1-1", reads(), t0, all).unwrap();
+        lineage.report_once("j", "other", "c1-0", reads(), t0, all).unwrap();
+        lineage.report_once("j", "tok", "", reads(), t0, all).unwrap();
+        lineage.report_once("j", "tok", "", reads(), t0, all).unwrap();
+        assert_eq!(totals(&lineage), (55, 10));
+        lineage.report_once("k", "tok", "c1-0", reads(), t0, all).unwrap();
+        assert_eq!(totals(&lineage), (55, 10), "job k's records are its own");
+        // A refused report leaves no receipt: sent again after a fix, it counts.
+        let bad = vec![read("no/leading/slash\0", "v1", 1, t0), read("/d/c", "\u{7}", 1, t0)];
+        assert!(lineage.report_once("j", "tok", "c1-2", bad, t0, all).is_err());
+        lineage.report_once("j", "tok", "c1-2", vec![read("/d/c", "v1", 1, t0)], t0, all).unwrap();
+        assert_eq!(totals(&lineage), (56, 11));
+        // Past the receipt's time the id is forgotten (the client resends long before that).
+        clock.advance(Duration::from_millis(REPORT_RECEIPT_MS as u64 + 1));
+        let t1 = clock.wall_ms();
+        lineage.report_once("j", "tok", "c1-0", vec![read("/d/a", "v1", 10, t1)], t1, all).unwrap();
+        assert_eq!(totals(&lineage), (66, 12));
+        // Malformed ids are refused with the reason.
+        let long = "x".repeat(129);
+        for (id, why) in [(long.as_str(), "longer than 128 bytes"), ("a\nb", "control character")] {
+            let err = lineage.report_once("j", "tok", id, reads(), t1, all).unwrap_err();
+            assert!(err.to_string().contains(why), "{err}");
+            assert_eq!(err.kind(), strata_common::ErrorKind::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn receipts_are_bounded() {
+        let mut receipts = Receipts::default();
+        for i in 0..MAX_RECEIPTS + 3 {
+            let key = ("t".to_string(), "j".to_string(), format!("r{i}"));
+            receipts.answered.insert(key.clone(), 1);
+            receipts.order.push_back((0, key));
+            receipts.forget_before(0);
+        }
+        assert_eq!(receipts.answered.len(), MAX_RECEIPTS);
+        assert!(!receipts.answered.contains_key(&("t".into(), "j".into(), "r2".into())));
+        assert!(receipts.answered.contains_key(&("t".into(), "j".into(), "r3".into())));
     }
 
     #[test]

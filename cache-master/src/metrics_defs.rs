@@ -41,5 +41,8 @@ pub const LINEAGE_RECORDS: &str = "strata_master_lineage_records";
 pub const LINEAGE_REPORTS: &str = "strata_master_lineage_reports_total";
 /// Counter, label `why` (`retention`, `max_records`): lineage records forgotten.
 pub const LINEAGE_DROPPED: &str = "strata_master_lineage_dropped_total";
+/// Counter: lineage reports received again after they were applied (a client's retry after a
+/// lost answer), answered without counting their reads twice.
+pub const LINEAGE_REPEATED_REPORTS: &str = "strata_master_lineage_repeated_reports_total";
 /// Counter: frees queued (`strata free`).
 pub const FREES: &str = "strata_master_frees_total";

@@ -781,7 +781,9 @@ impl MasterRpc for Rpc {
             .collect();
         let recorded = self
             .lineage
-            .report(&r.job, &reader, reads, r.client_now_ms, |p| may_read(identity.as_ref(), p))
+            .report_once(&r.job, &reader, &r.report_id, reads, r.client_now_ms, |p| {
+                may_read(identity.as_ref(), p)
+            })
             .map_err(|e| status("ReportLineage")(e.into()))?;
         Ok(Response::new(pb::ReportLineageResponse { recorded: recorded as u32 }))
     }

@@ -8,10 +8,11 @@
 //! Bounds: the window holds at most [`MAX_WINDOW`] (path, version) entries (beyond it new ones
 //! are dropped and counted); it is sent every [`ClientConfig::lineage_flush_interval`], when it
 //! reaches [`FLUSH_AT`] entries, before a mark, and by [`Client::flush_lineage`]. A process
-//! killed without a flush loses at most its last window; a report that fails for a temporary
-//! reason is merged back and sent with the next.
+//! killed without a flush loses at most its last window. A report that fails for a temporary
+//! reason is kept whole and sent again, first, under the same id: when only its answer was lost,
+//! the master recognises the id and does not count its reads twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -141,12 +142,24 @@ fn ufs_location(file_id: &str) -> String {
     }
 }
 
+/// A window (or part of one) on its way to the master, under the id its retries keep.
+#[derive(Debug, Clone, PartialEq)]
+struct Report {
+    id: String,
+    reads: Vec<LineageRead>,
+}
+
 pub(crate) struct Recorder {
     job: String,
     /// The process the window belongs to: a forked child starts with an empty one, so the
     /// parent's reads are never reported twice.
     pid: u32,
+    /// Unique to this recorder (a child process's is new): report ids are `<prefix>-<n>`.
+    id_prefix: String,
+    next_report: AtomicU64,
     window: Mutex<Window>,
+    /// Reports that failed for a temporary reason, oldest first, sent again before the window.
+    unsent: Mutex<VecDeque<Report>>,
     wake: tokio::sync::Notify,
     /// Held while a window is sent, so reports leave in order and a mark waits for them.
     sending: tokio::sync::Mutex<()>,
@@ -159,7 +172,10 @@ impl Recorder {
         Self {
             job: job.unwrap_or_default().to_string(),
             pid: std::process::id(),
+            id_prefix: uuid::Uuid::new_v4().simple().to_string(),
+            next_report: AtomicU64::new(0),
             window: Mutex::default(),
+            unsent: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             sending: tokio::sync::Mutex::new(()),
             dropped: AtomicU64::new(0),
@@ -173,12 +189,22 @@ impl Recorder {
         let fresh = Self::new(Some(&self.job));
         if self.pid == std::process::id() {
             *fresh.lock() = std::mem::take(&mut *self.lock());
+            *fresh.lock_unsent() = std::mem::take(&mut *self.lock_unsent());
         }
         fresh
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_unsent(&self) -> std::sync::MutexGuard<'_, VecDeque<Report>> {
+        self.unsent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Entries recorded and not yet acknowledged: the window and the unsent reports.
+    fn pending(&self) -> usize {
+        self.lock().entries + self.lock_unsent().iter().map(|r| r.reads.len()).sum::<usize>()
     }
 
     pub(crate) fn record(&self, info: &FileInfo, bytes: u64, now_ms: i64) {
@@ -197,22 +223,34 @@ impl Recorder {
         }
     }
 
+    #[cfg(test)]
     fn take(&self) -> Vec<LineageRead> {
         std::mem::take(&mut *self.lock()).into_reads()
     }
 
-    fn put_back(&self, reads: &[LineageRead]) {
-        let mut w = self.lock();
-        let mut lost = 0;
-        for r in reads {
-            if !w.add(
-                &r.path,
-                &r.version,
-                || r.ufs.clone(),
-                (r.bytes, r.reads, r.first_read_ms, r.last_read_ms),
-            ) {
-                lost += 1;
-            }
+    /// What to send now, in order: the reports that failed before (their ids unchanged), then
+    /// the window in reports of at most [`REPORT_CHUNK`] entries under new ids.
+    fn outgoing(&self) -> Vec<Report> {
+        let mut out: Vec<Report> = self.lock_unsent().drain(..).collect();
+        let window = std::mem::take(&mut *self.lock()).into_reads();
+        for chunk in window.chunks(REPORT_CHUNK) {
+            let n = self.next_report.fetch_add(1, Ordering::Relaxed);
+            out.push(Report { id: format!("{}-{n}", self.id_prefix), reads: chunk.to_vec() });
+        }
+        out
+    }
+
+    /// Keeps reports that could not be sent, in order, for the next flush. They hold at most
+    /// [`MAX_WINDOW`] entries; the oldest reports beyond that are dropped and counted.
+    fn keep_unsent(&self, reports: Vec<Report>) {
+        let mut unsent = self.lock_unsent();
+        unsent.extend(reports);
+        let mut held: usize = unsent.iter().map(|r| r.reads.len()).sum();
+        let mut lost = 0u64;
+        while held > MAX_WINDOW {
+            let Some(oldest) = unsent.pop_front() else { break };
+            held -= oldest.reads.len();
+            lost += oldest.reads.len() as u64;
         }
         if lost > 0 {
             self.dropped.fetch_add(lost, Ordering::Relaxed);
@@ -276,7 +314,7 @@ impl Client {
                 reported: r.reported.load(Ordering::Relaxed),
                 dropped: r.dropped.load(Ordering::Relaxed),
                 // Another process's window (inherited through a fork) is not this one's to send.
-                pending: if r.pid == std::process::id() { r.lock().entries as u64 } else { 0 },
+                pending: if r.pid == std::process::id() { r.pending() as u64 } else { 0 },
             },
         }
     }
@@ -286,33 +324,33 @@ impl Client {
     pub async fn flush_lineage(&self) -> Result<()> {
         let Some(recorder) = self.inner.lineage.clone() else { return Ok(()) };
         let _in_order = recorder.sending.lock().await;
-        let reads = recorder.take();
-        let mut chunks = reads.chunks(REPORT_CHUNK);
-        while let Some(chunk) = chunks.next() {
+        let mut reports = recorder.outgoing().into_iter();
+        while let Some(report) = reports.next() {
             let req = ReportLineageRequest {
                 job: recorder.job.clone(),
-                reads: chunk.to_vec(),
+                reads: report.reads.clone(),
                 client_now_ms: self.inner.config.clock.wall_ms(),
+                report_id: report.id.clone(),
             };
+            let entries = report.reads.len() as u64;
             // As a call with a cached answer: during a master outage it is not even tried until
             // a probe is due, and a stopped master holds it for at most FALLBACK_DEADLINE.
             let err = match self.master_call("ReportLineage", true, self.master().report_lineage(req)).await {
                 Ok(_) => {
-                    recorder.reported.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    recorder.reported.fetch_add(entries, Ordering::Relaxed);
                     continue;
                 }
                 Err(e) => e,
             };
             if err.is_temporary() || err.is_master_outage() {
-                recorder.put_back(chunk);
-                for rest in chunks {
-                    recorder.put_back(rest);
-                }
+                // The master may have applied it and only the answer been lost: it goes again
+                // as it is, under its id, never merged into newer reads.
+                recorder.keep_unsent(std::iter::once(report).chain(reports).collect());
                 return Err(err);
             }
-            recorder.dropped.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            metrics::counter!(METRIC_LINEAGE_DROPPED, "why" => "refused").increment(chunk.len() as u64);
-            warn!(job = %recorder.job, entries = chunk.len(), err = %err, "the master refused a lineage report; its reads are not recorded");
+            recorder.dropped.fetch_add(entries, Ordering::Relaxed);
+            metrics::counter!(METRIC_LINEAGE_DROPPED, "why" => "refused").increment(entries);
+            warn!(job = %recorder.job, entries, report = %report.id, err = %err, "the master refused a lineage report; its reads are not recorded");
         }
         Ok(())
     }
@@ -386,8 +424,8 @@ pub(crate) fn report_on_drop(inner: &mut Inner) {
     if recorder.pid != std::process::id() {
         return;
     }
-    let reads = recorder.take();
-    if reads.is_empty() {
+    let reports = recorder.outgoing();
+    if reports.is_empty() {
         return;
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
@@ -395,8 +433,13 @@ pub(crate) fn report_on_drop(inner: &mut Inner) {
     let job = recorder.job.clone();
     let now = inner.config.clock.wall_ms();
     runtime.spawn(async move {
-        for chunk in reads.chunks(REPORT_CHUNK) {
-            let req = ReportLineageRequest { job: job.clone(), reads: chunk.to_vec(), client_now_ms: now };
+        for report in reports {
+            let req = ReportLineageRequest {
+                job: job.clone(),
+                reads: report.reads,
+                client_now_ms: now,
+                report_id: report.id,
+            };
             if let Ok(Err(e)) = tokio::time::timeout(CALL_DEADLINE, master.report_lineage(req)).await {
                 debug!(err = %e, "last lineage report of a dropped client failed");
             }
@@ -450,15 +493,45 @@ mod tests {
     }
 
     #[test]
-    fn a_put_back_window_merges_with_new_reads() {
+    fn an_unsent_report_goes_again_first_as_it_was_under_its_id() {
         let r = Recorder::new(None);
         r.record(&info("/a", "v1"), 4, 10);
-        let sent = r.take();
+        let first = r.outgoing();
+        assert_eq!(first.len(), 1);
         r.record(&info("/a", "v1"), 1, 50);
-        r.put_back(&sent);
-        let reads = r.take();
-        assert_eq!(reads.len(), 1);
-        assert_eq!((reads[0].bytes, reads[0].reads, reads[0].first_read_ms), (5, 2, 10));
+        r.keep_unsent(first.clone());
+        assert_eq!(r.pending(), 2, "the unsent report and the new window");
+        let again = r.outgoing();
+        assert_eq!(again.len(), 2);
+        assert_eq!(again[0], first[0], "the same id and reads, not merged with newer ones");
+        assert_ne!(again[1].id, first[0].id);
+        assert_eq!((again[1].reads[0].bytes, again[1].reads[0].first_read_ms), (1, 50));
+        assert!(r.outgoing().is_empty());
+
+        // Kept reports are bounded: the oldest go first, counted.
+        let big = |n: usize, id: &str| Report {
+            id: id.into(),
+            reads: (0..n).map(|i| LineageRead { path: format!("/f{i}"), ..Default::default() }).collect(),
+        };
+        r.keep_unsent(vec![big(MAX_WINDOW / 2, "old")]);
+        r.keep_unsent(vec![big(MAX_WINDOW / 2, "newer-1"), big(10, "newer-2")]);
+        let kept: Vec<String> = r.lock_unsent().iter().map(|x| x.id.clone()).collect();
+        assert_eq!(kept, vec!["newer-1".to_string(), "newer-2".into()]);
+        assert_eq!(r.dropped.load(Ordering::Relaxed), (MAX_WINDOW / 2) as u64);
+    }
+
+    #[test]
+    fn report_ids_differ_between_recorders_and_a_window_larger_than_a_report_splits() {
+        let (a, b) = (Recorder::new(None), Recorder::new(None));
+        a.record(&info("/a", "v1"), 1, 1);
+        b.record(&info("/a", "v1"), 1, 1);
+        assert_ne!(a.outgoing()[0].id, b.outgoing()[0].id);
+        for i in 0..REPORT_CHUNK + 1 {
+            a.record(&info(&format!("/f{i}"), "v"), 1, 1);
+        }
+        let reports = a.outgoing();
+        assert_eq!(reports.iter().map(|x| x.reads.len()).collect::<Vec<_>>(), vec![REPORT_CHUNK, 1]);
+        assert_ne!(reports[0].id, reports[1].id);
     }
 
     #[test]

@@ -234,6 +234,7 @@ fn lineage_report(job: &str, path: &str) -> ReportLineageRequest {
             ..Default::default()
         }],
         client_now_ms: now,
+        ..Default::default()
     }
 }
 

@@ -94,3 +94,46 @@ async fn every_read_path_is_recorded_and_kept_across_master_restarts_and_outages
     .await;
     assert_eq!(client.lineage_counters().dropped, 0);
 }
+
+/// A report sent again under the id it went out with (its answer lost to a timeout) is
+/// acknowledged and not counted twice; the same reads under a new id are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_resent_under_its_id_is_counted_once() {
+    use strata_proto::leader::master_conn;
+    use strata_proto::{LineageRead, ReportLineageRequest};
+
+    let cluster = Cluster::start(ClusterOptions::default()).await;
+    let admin = cluster.client().await;
+    let mut master = master_conn(&cluster.master_addr(), cluster.admin_token().as_deref(), |a| {
+        Ok(tonic::transport::Endpoint::from_shared(format!("http://{a}"))?.timeout(Duration::from_secs(10)))
+    })
+    .unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let report = |id: &str| ReportLineageRequest {
+        job: "resent".into(),
+        reads: vec![LineageRead {
+            path: "/data/a.bin".into(),
+            version: "v1".into(),
+            bytes: 100,
+            reads: 2,
+            first_read_ms: now,
+            last_read_ms: now,
+            ..Default::default()
+        }],
+        client_now_ms: now,
+        report_id: id.into(),
+    };
+    for _ in 0..3 {
+        let answer = master.report_lineage(report("client-1-0")).await.unwrap().into_inner();
+        assert_eq!(answer.recorded, 1);
+    }
+    let totals = || async {
+        let records = admin.lineage_job("resent", "").await.unwrap().records;
+        (records.iter().map(|r| r.bytes).sum::<u64>(), records.iter().map(|r| r.reads).sum::<u64>())
+    };
+    assert_eq!(totals().await, (100, 2), "three sends of one report count once");
+    master.report_lineage(report("client-1-1")).await.unwrap();
+    assert_eq!(totals().await, (200, 4), "a new report of the same reads counts");
+    let refused = master.report_lineage(report(&"x".repeat(200))).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
