@@ -52,6 +52,10 @@ cargo run -q -p strata-bench --locked --bin writeback_bench -- --size 64MiB --wr
 cargo run -q -p strata-bench --locked --bin fanout_bench -- --size 64MiB --readers 4
 cargo run -q -p strata-bench --locked --bin eviction_bench -- --capacity 2000 --keys 20000 --requests 200000
 cargo run -q -p strata-bench --locked --bin warmup_bench -- throughput s3 500 16
+# Training integration (docs/QOS.md, docs/LINEAGE.md): warm 4 KiB reads with lineage on and off,
+# and a latency-class reader alone and during a 1 MiB x64 flood (lane on, lane off, the flood's class).
+cargo run -q -p strata-bench --locked --bin strata-bench -- --random-only --size-mib 16 --secs 0.2 \
+  --lineage-rounds 1 --qos-rounds 1
 
 log "python: stratafs (pytest against target/debug/strata, on a local dir and on Garage)"
 # shellcheck source=python/test.sh

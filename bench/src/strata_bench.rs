@@ -114,6 +114,12 @@ struct Args {
     /// the worker's default.
     #[arg(long)]
     qos_slots: Option<usize>,
+    /// The scheduling priority (nice, -20..19) of the measured 4 KiB reader's thread in the
+    /// `--qos-rounds` rows, and of both threads of their plain-thread ceiling: -10 runs the
+    /// reader as a latency-class process would be run on a shared host (`nice -n -10`, or CPUs
+    /// of its own), at the priority of the worker's latency lane. Negative values need root.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    qos_reader_nice: i32,
 }
 
 /// One line of the report: a Strata figure next to its ceiling.
@@ -350,6 +356,7 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     let (latency, same, flood) =
         (config_in(QosClass::Latency), config_in(QosClass::Throughput), config_in(QosClass::Throughput));
     let lane = cluster.worker(0).latency_lane.clone();
+    let nice = args.qos_reader_nice;
     let p99 = |l: &Latencies| l.percentile_us(99.0) as f64;
     let mut runs = Vec::new();
     let (mut alone, mut with_lane, mut without_lane, mut same_class) = (vec![], vec![], vec![], vec![]);
@@ -358,13 +365,13 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
         eprintln!("4 KiB reads alone, then during a 1 MiB x64 flood ({}/{})", round + 1, args.qos_rounds);
         let a = {
             let (config, i) = (latency.clone(), info.clone());
-            tokio::task::spawn_blocking(move || reads_on_own_runtime(config, i, run_for))
+            tokio::task::spawn_blocking(move || reads_on_own_runtime(config, i, run_for, nice))
                 .await
                 .expect("alone")
         };
         let measure = |config: &strata_client::ClientConfig| {
             let (config, i) = (config.clone(), info.clone());
-            move || reads_on_own_runtime(config, i, run_for)
+            move || reads_on_own_runtime(config, i, run_for, nice)
         };
         let (w, flood_w) = flood_and_measure(&flood, info, run_for, measure(&same)).await;
         lane.set_enabled(false);
@@ -376,7 +383,7 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
         // answered with 4 KiB from memory, one at a time — each side sleeps in the kernel
         // between messages, as a worker and a client do.
         let (x, _) =
-            flood_and_measure(&flood, info, run_for, move || thread_exchanges(4 * KIB, run_for)).await;
+            flood_and_measure(&flood, info, run_for, move || thread_exchanges(4 * KIB, run_for, nice)).await;
         exchange_during.push(p99(&x));
         runs.push(json!({
             "alone_p99_us": p99(&a), "same_class_p99_us": p99(&w),
@@ -404,7 +411,10 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
             value: with_lane,
             ceiling_name: "4 KiB p99 alone",
             ceiling: alone,
-            extra: json!({"runs": runs, "worker_classes": format!("{counters:?}"), "lane_moved": lane.moved()}),
+            extra: json!({
+                "runs": runs, "worker_classes": format!("{counters:?}"), "lane_moved": lane.moved(),
+                "reader_nice": nice,
+            }),
         },
         Row {
             name: "4 KiB p99 during a 1 MiB x64 flood, latency class, vs threads".into(),
@@ -435,7 +445,16 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
 
 /// A client of `config` connected on a runtime (one thread) of its own, as another process's
 /// would be, reading 4 KiB one at a time for `run_for` after a few warming reads.
-fn reads_on_own_runtime(config: strata_client::ClientConfig, info: FileInfo, run_for: Duration) -> Latencies {
+fn reads_on_own_runtime(
+    config: strata_client::ClientConfig,
+    info: FileInfo,
+    run_for: Duration,
+    nice: i32,
+) -> Latencies {
+    on_thread_at_nice(nice, move || reads_on_runtime(config, info, run_for))
+}
+
+fn reads_on_runtime(config: strata_client::ClientConfig, info: FileInfo, run_for: Duration) -> Latencies {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     runtime.block_on(async move {
         let client = Client::connect(config).await.expect("connect");
@@ -911,11 +930,40 @@ async fn random_reads(
 
 /// Request/answer exchanges between two plain threads over loopback TCP: 32 bytes asked, `len`
 /// answered, one at a time, for `run_for`.
-fn thread_exchanges(len: u64, run_for: Duration) -> Latencies {
+fn thread_exchanges(len: u64, run_for: Duration, nice: i32) -> Latencies {
+    on_thread_at_nice(nice, move || exchanges(len, run_for, nice))
+}
+
+/// Runs `f` on a new thread at scheduling priority `nice` (0: as created) and returns its result.
+fn on_thread_at_nice<T: Send + 'static>(nice: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        set_thread_nice(nice);
+        f()
+    })
+    .join()
+    .expect("measuring thread")
+}
+
+fn set_thread_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: setpriority on this thread's own id changes nothing but its priority.
+    let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    assert_eq!(
+        set,
+        0,
+        "cannot set nice {nice}: {} (negative values need root)",
+        std::io::Error::last_os_error()
+    );
+}
+
+fn exchanges(len: u64, run_for: Duration, nice: i32) -> Latencies {
     use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let server = std::thread::spawn(move || {
+        set_thread_nice(nice);
         let (mut s, _) = listener.accept().expect("accept");
         s.set_nodelay(true).expect("nodelay");
         let answer = vec![7u8; len as usize];
