@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--strata-bin", default=str(REPO / "target" / "release" / "strata"))
     ap.add_argument("--memory", default="4GiB", help="DRAM tier of the standalone worker")
+    ap.add_argument("--prefetch-parallelism", type=int,
+                    help="the worker's prefetch fetches in flight (its prefetch_parallelism; default 16)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
 
@@ -129,7 +131,8 @@ def main():
     direct_rate = len(direct_keys) / direct_seconds
     print(f"  direct GETs from the store, 32 at a time: {direct_rate:8.0f} files/s", flush=True)
     load_start = os.getloadavg()
-    cluster = Standalone(args.strata_bin, args.memory)
+    tuned = f"prefetch_parallelism = {args.prefetch_parallelism}\n" if args.prefetch_parallelism else ""
+    cluster = Standalone(args.strata_bin, args.memory, tuned)
     results = []
     try:
         cluster.cli("mount", "add", "/bench", f"s3://{bucket}/{prefix}", "-o", f"endpoint={endpoint}",
@@ -155,7 +158,8 @@ def main():
         cluster.stop()
     load_end = os.getloadavg()
     print(f"\nload average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end; "
-          f"{args.files} x {args.size // KiB} KiB, {args.workers} DataLoader workers, lookahead {args.lookahead}")
+          f"{args.files} x {args.size // KiB} KiB, {args.workers} DataLoader workers, lookahead {args.lookahead}, "
+          f"prefetch_parallelism {args.prefetch_parallelism or 'default (16)'}")
     print("| round | no hints files/s | hints files/s | hints / no hints | warm (ceiling) files/s "
           "| no hints / warm | hints / warm |\n| --- | --- | --- | --- | --- | --- | --- |")
     for r in range(args.rounds):

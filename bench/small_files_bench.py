@@ -59,13 +59,18 @@ def env(name: str) -> str:
 class Standalone:
     """`strata standalone` on 127.0.0.1, port chosen by the kernel, fresh state."""
 
-    def __init__(self, binary: str, memory: str):
+    def __init__(self, binary: str, memory: str, worker_settings: str = ""):
+        """`worker_settings`: TOML for the standalone's worker (`--worker-config`), if any."""
         self.dir = Path(tempfile.mkdtemp(prefix="small-files-bench-"))
         self.bin = binary
         (self.dir / "empty").mkdir()
+        extra = []
+        if worker_settings:
+            (self.dir / "worker.toml").write_text(worker_settings)
+            extra = ["--worker-config", str(self.dir / "worker.toml")]
         self.proc = subprocess.Popen(
             [binary, "standalone", "--dir", str(self.dir / "state"), "--rpc-addr", "127.0.0.1:0",
-             "--mount", f"/boot=file://{self.dir / 'empty'}", "--memory", memory, "--nvme", "4GiB"],
+             "--mount", f"/boot=file://{self.dir / 'empty'}", "--memory", memory, "--nvme", "4GiB", *extra],
             stdout=subprocess.PIPE, stderr=open(self.dir / "strata.log", "w"), text=True,
             env=dict(os.environ, RUST_LOG="warn"))
         for line in self.proc.stdout:

@@ -164,6 +164,8 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
         ..MasterConfig::default()
     };
     let worker_token_file = master_cfg.token_files().worker_file;
+    // Read before anything starts, so a bad file is the only thing said.
+    let tuned: WorkerConfig = load_toml(args.worker_config.as_deref())?;
     let master = Master::start(master_cfg, factory.clone())
         .await
         .with_context(|| format!("starting the master on {rpc_addr} (is another strata already running?)"))?;
@@ -174,12 +176,13 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
         data_dir: dir.join("worker"),
         memory_capacity: size("memory", &args.memory)?,
         nvme_capacity: size("nvme", &args.nvme)?,
+        token: None,
         token_file: Some(worker_token_file).filter(|_| !args.no_auth),
         tls: tls.apply(Default::default()),
-        node: strata_common::node_from_env(),
+        node: strata_common::node_from_env().or_else(|| tuned.node.clone()),
         // Processes on this machine read the worker's blocks by mapping them (short-circuit).
         socket_path: local_socket_path(&dir),
-        ..WorkerConfig::default()
+        ..tuned
     };
     let worker = Worker::start(worker_cfg, factory).await.context("starting the worker")?;
 

@@ -297,6 +297,12 @@ struct StandaloneArgs {
     /// new token when it does not exist. Default <dir>/admin.token.
     #[arg(long, env = "STRATA_MASTER_ADMIN_TOKEN_FILE", value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
+    /// TOML file of worker settings for the standalone's worker (the worker keys of
+    /// docs/CONFIGURATION.md, e.g. `prefetch_parallelism = 64`). The standalone's own choices
+    /// win over it: the master address, listen addresses, data directory, token, socket and the
+    /// tiers (--memory, --nvme); STRATA_NODE wins over its `node`.
+    #[arg(long, value_name = "FILE")]
+    worker_config: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -42,11 +42,23 @@ fn start_standalone(dir: &Path, master: &str, mount: &str) -> Standalone {
 }
 
 /// A standalone started from `cmd` (its environment and stderr as the caller set them).
-fn start_standalone_with(mut cmd: Command, dir: &Path, master: &str, mount: &str) -> Standalone {
+fn start_standalone_with(cmd: Command, dir: &Path, master: &str, mount: &str) -> Standalone {
+    start_standalone_with_extra(cmd, dir, master, mount, &[])
+}
+
+/// [`start_standalone_with`], with `extra` arguments to `standalone`.
+fn start_standalone_with_extra(
+    mut cmd: Command,
+    dir: &Path,
+    master: &str,
+    mount: &str,
+    extra: &[&std::ffi::OsStr],
+) -> Standalone {
     let mut child = cmd
         .args(["--master", master, "standalone", "--memory", "64MiB", "--nvme", "256MiB", "--mount", mount])
         .arg("--dir")
         .arg(dir)
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -217,6 +229,48 @@ fn locate_reports_the_worker_and_node_holding_a_path() {
     let o = run(&master, &["locate", "/nowhere/x"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("not under any mount"), "{}", stderr(&o));
+}
+
+/// `strata standalone --worker-config` tunes its worker from a TOML file, and a file with a key
+/// no worker has stops the start with the file and the key named.
+#[test]
+fn standalone_takes_worker_settings_from_a_file() {
+    let state = tempfile::tempdir().unwrap();
+    let ufs = tempfile::tempdir().unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let mount = format!("/d=file://{}", ufs.path().display());
+    let bad = state.path().join("bad.toml");
+    std::fs::write(&bad, "prefetch_paralelism = 64\n").unwrap();
+    let o = strata()
+        .args(["--master", &master, "standalone", "--memory", "64MiB", "--nvme", "256MiB", "--mount", &mount])
+        .arg("--dir")
+        .arg(state.path().join("bad"))
+        .arg("--worker-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let said = stderr(&o);
+    assert!(said.contains("bad.toml") && said.contains("prefetch_paralelism"), "{said}");
+    assert!(std::net::TcpStream::connect(&master).is_err(), "nothing was started");
+
+    let good = state.path().join("worker.toml");
+    std::fs::write(&good, "prefetch_parallelism = 32\nnode = \"from-file\"\n").unwrap();
+    let mut cmd = strata();
+    cmd.stderr(Stdio::null()).env_remove("STRATA_NODE");
+    let _node = start_standalone_with_extra(
+        cmd,
+        &state.path().join("node"),
+        &master,
+        &mount,
+        &["--worker-config".as_ref(), good.as_os_str()],
+    );
+    let o = run(&master, &["status"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.lines().any(|l| l.starts_with("worker ") && l.contains(" node from-file ")), "{text}");
+    std::fs::write(ufs.path().join("a.bin"), vec![3u8; 5_000_000]).unwrap();
+    let cat = run(&master, &["cat", "/d/a.bin"]);
+    assert!(cat.status.success() && cat.stdout == vec![3u8; 5_000_000], "{}", stderr(&cat));
 }
 
 /// `strata ttl` sets, lists and clears a path's cache TTL; `strata stat` shows the pins and
