@@ -360,15 +360,20 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     let p99 = |l: &Latencies| l.percentile_us(99.0) as f64;
     let mut runs = Vec::new();
     let (mut alone, mut with_lane, mut without_lane, mut same_class) = (vec![], vec![], vec![], vec![]);
+    let mut alone_without_lane = Vec::new();
     let mut exchange_during = Vec::new();
     for round in 0..args.qos_rounds {
         eprintln!("4 KiB reads alone, then during a 1 MiB x64 flood ({}/{})", round + 1, args.qos_rounds);
-        let a = {
-            let (config, i) = (latency.clone(), info.clone());
+        let alone_reads = |config: &strata_client::ClientConfig| {
+            let (config, i) = (config.clone(), info.clone());
             tokio::task::spawn_blocking(move || reads_on_own_runtime(config, i, run_for, nice))
-                .await
-                .expect("alone")
         };
+        let a = alone_reads(&latency).await.expect("alone");
+        // What the lane costs a reader with the worker otherwise idle: the same reads served on
+        // the shared runtime.
+        lane.set_enabled(false);
+        let a_off = alone_reads(&latency).await.expect("alone, lane off");
+        lane.set_enabled(true);
         let measure = |config: &strata_client::ClientConfig| {
             let (config, i) = (config.clone(), info.clone());
             move || reads_on_own_runtime(config, i, run_for, nice)
@@ -386,12 +391,13 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
             flood_and_measure(&flood, info, run_for, move || thread_exchanges(4 * KIB, run_for, nice)).await;
         exchange_during.push(p99(&x));
         runs.push(json!({
-            "alone_p99_us": p99(&a), "same_class_p99_us": p99(&w),
+            "alone_p99_us": p99(&a), "alone_no_lane_p99_us": p99(&a_off), "same_class_p99_us": p99(&w),
             "latency_class_lane_p99_us": p99(&on), "latency_class_no_lane_p99_us": p99(&off),
             "exchange_during_flood_p99_us": exchange_during.last(),
             "flood_mib_s_same": flood_w.ops_per_sec(), "flood_mib_s_latency": flood_l.ops_per_sec(),
         }));
         alone.push(p99(&a));
+        alone_without_lane.push(p99(&a_off));
         same_class.push(p99(&w));
         with_lane.push(p99(&on));
         without_lane.push(p99(&off));
@@ -403,6 +409,7 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     let alone = median(&mut alone);
     let exchange_during = median(&mut exchange_during);
     let with_lane = median(&mut with_lane);
+    let alone_without_lane = median(&mut alone_without_lane);
     let counters = cluster.worker(0).classes.counters();
     vec![
         Row {
@@ -422,6 +429,14 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
             value: with_lane,
             ceiling_name: "4 KiB thread exchange p99 during the flood",
             ceiling: exchange_during,
+            extra: json!({}),
+        },
+        Row {
+            name: "4 KiB p99 alone, latency class, lane off".into(),
+            unit: "us",
+            value: alone_without_lane,
+            ceiling_name: "4 KiB p99 alone (lane on)",
+            ceiling: alone,
             extra: json!({}),
         },
         Row {
