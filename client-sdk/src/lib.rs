@@ -754,6 +754,13 @@ impl Client {
             + self.inner.local.as_ref().map_or(0, |l| l.reads())
     }
 
+    /// Short-circuit attempts this client read through a socket or over TCP instead, by why
+    /// (as the `strata_client_short_circuit_fallbacks_total` metric, for this client alone).
+    pub fn short_circuit_fallbacks(&self) -> shortcircuit::ShortCircuitFallbacks {
+        self.inner.short_circuit.as_ref().map(|sc| sc.fallbacks()).unwrap_or_default()
+            + self.inner.local.as_ref().map(|l| l.fallbacks()).unwrap_or_default()
+    }
+
     /// Block reads first sent to a read replica on this client's node (as the
     /// `strata_client_local_reads_total` metric, for this client alone).
     pub fn local_reads(&self) -> u64 {

@@ -156,6 +156,17 @@ impl LocalWorkers {
         Ok(())
     }
 
+    /// Attempts read the framed way instead, through every local socket found.
+    pub(crate) fn fallbacks(&self) -> crate::shortcircuit::ShortCircuitFallbacks {
+        self.known()
+            .values()
+            .map(|k| match k {
+                Known::Mine(sc) => sc.fallbacks(),
+                Known::NotMine { .. } => Default::default(),
+            })
+            .fold(Default::default(), |a, b| a + b)
+    }
+
     /// Block reads mapped through every local socket found.
     pub(crate) fn reads(&self) -> u64 {
         self.known()

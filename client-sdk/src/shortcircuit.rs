@@ -38,7 +38,10 @@ use crate::transport::{Credentials, TransportError};
 
 /// Counter: block reads served by mapping a descriptor the sidecar or a worker on this host passed.
 pub const METRIC_SHORT_CIRCUIT_READS: &str = "strata_client_short_circuit_reads_total";
-/// Counter: short-circuit attempts that failed and were read the framed way instead.
+/// Counter, label `why`: short-circuit attempts read the framed way instead — `declined` (the
+/// worker answered for this read only: a block it does not hold, a changed version, a block it
+/// would have to copy to grant) or `failed` (a refusal, a broken answer or connection; the
+/// client then stops trying for a moment).
 pub const METRIC_SHORT_CIRCUIT_FALLBACKS: &str = "strata_client_short_circuit_fallbacks_total";
 /// Environment variable that turns short-circuit reads off when `0`, `false`, `off` or `no`.
 pub const SHORT_CIRCUIT_ENV: &str = "STRATA_SHORT_CIRCUIT";
@@ -96,6 +99,25 @@ impl Shared {
 
 fn encode_releases(ids: &[u64]) -> Vec<u8> {
     ids.iter().flat_map(|&lease_id| LeaseRelease { lease_id, kind: GrantKind::Fd }.encode()).collect()
+}
+
+/// Short-circuit attempts a client read the framed way instead
+/// ([`Client::short_circuit_fallbacks`](crate::Client::short_circuit_fallbacks)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShortCircuitFallbacks {
+    /// The worker answered for that read only (a block it does not hold, a changed version, a
+    /// block it would have to copy to grant): expected, e.g. for every DRAM-only block of a
+    /// co-located worker.
+    pub declined: u64,
+    /// A refusal, a broken answer or connection: worth a look when it grows.
+    pub failed: u64,
+}
+
+impl std::ops::Add for ShortCircuitFallbacks {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self { declined: self.declined + o.declined, failed: self.failed + o.failed }
+    }
 }
 
 /// Gives the lease back when dropped.
@@ -195,6 +217,7 @@ pub(crate) struct ShortCircuit {
     socket: String,
     /// Block reads served by a mapping (as [`METRIC_SHORT_CIRCUIT_READS`], for this socket).
     reads: AtomicU64,
+    fallbacks: [AtomicU64; 2],
     cache: Mutex<MapCache>,
     shared: Arc<Shared>,
     connect_timeout: Duration,
@@ -223,6 +246,7 @@ impl ShortCircuit {
             kind,
             socket,
             reads: AtomicU64::new(0),
+            fallbacks: Default::default(),
             cache: Mutex::new(MapCache { limit: cache_bytes, used: 0, tick: 0, blocks: HashMap::new() }),
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
@@ -241,6 +265,14 @@ impl ShortCircuit {
     /// Block reads served by a mapping so far.
     pub(crate) fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Attempts read the framed way instead, by why.
+    pub(crate) fn fallbacks(&self) -> ShortCircuitFallbacks {
+        ShortCircuitFallbacks {
+            declined: self.fallbacks[0].load(Ordering::Relaxed),
+            failed: self.fallbacks[1].load(Ordering::Relaxed),
+        }
     }
 
     fn count_read(&self) {
@@ -305,13 +337,15 @@ impl ShortCircuit {
         match &result {
             Ok(_) => self.count_read(),
             Err(e) => {
-                metrics::counter!(METRIC_SHORT_CIRCUIT_FALLBACKS).increment(1);
                 // A refusal or a broken answer will come again; a missing block, a changed
                 // version or a block only a copy could grant is about this read only.
                 let repeats = match e {
                     TransportError::Remote { kind, .. } => kind.is_temporary(),
                     _ => true,
                 };
+                let why = if repeats { "failed" } else { "declined" };
+                metrics::counter!(METRIC_SHORT_CIRCUIT_FALLBACKS, "why" => why).increment(1);
+                self.fallbacks[usize::from(repeats)].fetch_add(1, Ordering::Relaxed);
                 if repeats {
                     *self.backoff_until.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(self.clock.now() + BACKOFF);

@@ -701,6 +701,8 @@ impl Client {
             self.shared.run(|_, c, _| {
                 Ok([
                     ("short_circuit_reads", c.short_circuit_reads()),
+                    ("short_circuit_declined", c.short_circuit_fallbacks().declined),
+                    ("short_circuit_failed", c.short_circuit_fallbacks().failed),
                     ("failovers", c.failovers()),
                     ("hedged_reads", c.hedged_reads()),
                     ("local_reads", c.local_reads()),

@@ -337,7 +337,9 @@ class StrataFileSystem(AbstractFileSystem):
     def read_counters(self):
         """How this process's client read blocks (docs/PYTHON.md): a dict of
         short_circuit_reads (mapped from a worker on this host, or the sidecar, with no copy
-        through a socket), failovers, hedged_reads, local_reads; and of its lineage record:
+        through a socket), short_circuit_declined and short_circuit_failed (attempts read
+        through a socket instead: the worker declined that block, e.g. one only in its memory;
+        or the attempt failed), failovers, hedged_reads, local_reads; and of its lineage record:
         lineage_reported, lineage_dropped, lineage_pending (docs/LINEAGE.md)."""
         return self._client.read_counters()
 

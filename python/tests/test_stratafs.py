@@ -93,6 +93,8 @@ def test_blocks_of_the_worker_on_this_host_are_mapped_not_sent(fs, cluster, tmp_
         assert time.time() < deadline, "no block was ever mapped"
         # Blocks read go to the worker's disk once its reads have been quiet for a second.
         time.sleep(2)
+    counters = fs.read_counters()
+    assert {"short_circuit_declined", "short_circuit_failed"} <= counters.keys(), counters
     buf = bytearray(3 * MiB)
     with fs.open(path, "rb") as f:
         f.seek(5 * MiB - 7)

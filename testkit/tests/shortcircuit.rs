@@ -605,6 +605,8 @@ async fn a_dram_block_of_a_co_located_worker_is_read_over_tcp_not_copied_into_sh
         assert!(got[..] == data[..]);
     }
     assert_eq!(client.short_circuit_reads(), 0, "DRAM blocks are not granted by copy");
+    let fallbacks = client.short_circuit_fallbacks();
+    assert!(fallbacks.declined >= 1 && fallbacks.failed == 0, "declined, not failed: {fallbacks:?}");
     assert_eq!(worker.grants.fd().shm_cached(), (0, 0), "no shared-memory copy was made");
     assert_eq!(worker.grants.fd().held_leases(), 0);
 
