@@ -126,6 +126,20 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl BlockCache {
+    /// A cache of `memory` bytes of DRAM and no NVMe, default settings, with its counters: for
+    /// tests of what sits above the cache.
+    #[cfg(test)]
+    pub(crate) fn dram_only(memory: u64) -> (Arc<Self>, Arc<Counters>) {
+        let counters = Arc::new(Counters::default());
+        let cache = Self::new(
+            Arc::new(crate::tier::MemoryTier::new(memory)),
+            Arc::new(crate::tier::MemoryTier::new(0)),
+            CacheConfig::default(),
+            counters.clone(),
+        );
+        (Arc::new(cache), counters)
+    }
+
     pub fn new(
         memory: Arc<dyn Tier>,
         nvme: Arc<dyn Tier>,

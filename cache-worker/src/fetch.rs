@@ -248,8 +248,6 @@ mod tests {
     use strata_ufs::{ObjectMeta, Ufs, UfsEntry};
 
     use super::*;
-    use crate::cache::CacheConfig;
-    use crate::tier::MemoryTier;
 
     /// A UFS whose reads record their start and then wait for a permit the test hands out.
     struct HeldUfs {
@@ -284,13 +282,7 @@ mod tests {
     }
 
     fn fetcher(gate: ClassGate) -> Fetcher {
-        let counters = Arc::new(Counters::default());
-        let cache = Arc::new(BlockCache::new(
-            Arc::new(MemoryTier::new(1 << 20)),
-            Arc::new(MemoryTier::new(0)),
-            CacheConfig::default(),
-            counters.clone(),
-        ));
+        let (cache, counters) = BlockCache::dram_only(1 << 20);
         Fetcher::new(cache, counters, Duration::from_secs(30), Arc::new(gate))
     }
 

@@ -233,10 +233,8 @@ mod tests {
 
     use super::*;
     use crate::blocks::BlockRead;
-    use crate::cache::{BlockCache, CacheConfig};
+    use crate::cache::BlockCache;
     use crate::mounts::{MountSnapshot, MountSpec, Mounts, StaticMounts};
-    use crate::stats::Counters;
-    use crate::tier::MemoryTier;
 
     /// An upstream that answers from a script: the block's bytes, a wrong length, or an error.
     struct ScriptedUpstream {
@@ -274,13 +272,7 @@ mod tests {
         let data: Vec<u8> = (0..2500u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(dir.path().join("f.bin"), &data).unwrap();
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
-        let counters = Arc::new(Counters::default());
-        let cache = Arc::new(BlockCache::new(
-            Arc::new(MemoryTier::new(1 << 20)),
-            Arc::new(MemoryTier::new(0)),
-            CacheConfig::default(),
-            counters.clone(),
-        ));
+        let (cache, counters) = BlockCache::dram_only(1 << 20);
         let mounts = Arc::new(Mounts::new(factory.clone()));
         let uri = format!("file://{}", dir.path().display());
         mounts.set_source(Arc::new(StaticMounts(MountSnapshot {

@@ -17,11 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::WorkerConfig;
-use crate::cache::{BlockCache, CacheConfig};
+use crate::cache::BlockCache;
 use crate::grants::Grants;
 use crate::mounts::{MountSnapshot, MountSpec, Mounts, StaticMounts};
-use crate::stats::Counters;
-use crate::tier::MemoryTier;
 
 const OLD: &[u8] = b"the old contents of f.bin, which a stalled write must not touch";
 
@@ -38,16 +36,31 @@ impl Drop for Fixture {
     }
 }
 
+/// A reader token limited to `scope`, made the only token `f`'s data plane accepts.
+fn only_reader_scoped_to(f: &Fixture, scope: &str) -> String {
+    use strata_security::token::{Role, TokenRecord, TokenTable, generate};
+    let token = generate();
+    let reader = TokenRecord::new(&token, Role::Reader, Some(scope), "", 0).unwrap();
+    f.plane.auth.set(crate::auth::Table {
+        epoch: 1,
+        enabled: true,
+        tokens: TokenTable::new([(reader.hash.clone(), reader.identity())]),
+    });
+    token
+}
+
+/// `f`'s data plane served on a loopback port of its own, until `f` is dropped.
+async fn serve_on_loopback(f: &Fixture) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    addr
+}
+
 fn fixture(config: WorkerConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f.bin"), OLD).unwrap();
-    let counters = Arc::new(Counters::default());
-    let cache = Arc::new(BlockCache::new(
-        Arc::new(MemoryTier::new(1 << 20)),
-        Arc::new(MemoryTier::new(0)),
-        CacheConfig::default(),
-        counters.clone(),
-    ));
+    let (cache, counters) = BlockCache::dram_only(1 << 20);
     let mounts = Arc::new(Mounts::new(Arc::new(strata_ufs::OpendalFactory)));
     mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
         epoch: 1,
@@ -472,23 +485,14 @@ fn read_of(req_id: u64, stat: &FileStat, index: u64, offset: u64, len: u64) -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_many_answers_each_item_in_order_and_a_refused_or_missing_item_fails_alone() {
-    use strata_security::token::{Role, TokenRecord, TokenTable, generate};
     let f = fixture(WorkerConfig::default());
     let a: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::create_dir(f.dir.path().join("ok")).unwrap();
     std::fs::write(f.dir.path().join("ok/a.bin"), &a).unwrap();
     std::fs::write(f.dir.path().join("ok/b.bin"), b"small b").unwrap();
     // A reader limited to /d/ok: /d/f.bin is outside its scope.
-    let token = generate();
-    let reader = TokenRecord::new(&token, Role::Reader, Some("/d/ok"), "", 0).unwrap();
-    f.plane.auth.set(crate::auth::Table {
-        epoch: 1,
-        enabled: true,
-        tokens: TokenTable::new([(reader.hash.clone(), reader.identity())]),
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    let token = only_reader_scoped_to(&f, "/d/ok");
+    let addr = serve_on_loopback(&f).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&frame::auth_request(&token)).await.unwrap();
     let (sa, sb) = (stat_of(&mut s, 1, "/d/ok/a.bin").await, stat_of(&mut s, 2, "/d/ok/b.bin").await);
@@ -532,21 +536,12 @@ async fn read_many_answers_each_item_in_order_and_a_refused_or_missing_item_fail
 /// idle deadline still closes it (counted, the place given back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_latency_connection_moves_to_the_lane_with_its_session_place_and_deadlines() {
-    use strata_security::token::{Role, TokenRecord, TokenTable, generate};
     let idle = Duration::from_millis(300);
     let f = fixture(WorkerConfig { idle_timeout_ms: idle.as_millis() as u64, ..WorkerConfig::default() });
     std::fs::create_dir(f.dir.path().join("ok")).unwrap();
     std::fs::write(f.dir.path().join("ok/b.bin"), b"small b").unwrap();
-    let token = generate();
-    let reader = TokenRecord::new(&token, Role::Reader, Some("/d/ok"), "", 0).unwrap();
-    f.plane.auth.set(crate::auth::Table {
-        epoch: 1,
-        enabled: true,
-        tokens: TokenTable::new([(reader.hash.clone(), reader.identity())]),
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, f.plane.clone(), f.cancel.clone()));
+    let token = only_reader_scoped_to(&f, "/d/ok");
+    let addr = serve_on_loopback(&f).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     let opening =
         [frame::auth_request(&token), frame::class_request(strata_common::QosClass::Latency)].concat();
