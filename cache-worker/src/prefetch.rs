@@ -11,8 +11,9 @@
 //!
 //! Counted (`strata_worker_prefetch_total{result}`): `fetched` (from the UFS or a peer),
 //! `cached` (held already), `failed`, `dropped` (replaced before it started), `hit` (a client
-//! read of a block the lane fetched), `late` (a client read of a block still waiting in the
-//! lane: the read fetches it, the lane drops it).
+//! read of a block the lane fetched, or is fetching: the read joins that fetch), `late` (a
+//! client read of a block still waiting in the lane: the read fetches it, the lane drops it).
+//! A block the lane is fetching is not queued again by the windows that follow.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +62,8 @@ struct State {
     turn: VecDeque<u64>,
     /// Blocks waiting in some stream and not started, by the stream holding them.
     queued: HashMap<HintKey, u64>,
+    /// Blocks the lane is fetching that no read has asked for yet.
+    in_flight: HashSet<HintKey>,
     /// Blocks the lane fetched that no read has asked for yet (oldest first, bounded).
     fetched: HashSet<HintKey>,
     fetched_order: VecDeque<HintKey>,
@@ -182,7 +185,10 @@ impl Prefetcher {
         let mut pending = VecDeque::with_capacity(items.len());
         for req in items {
             let key = hint_key(&req.path, &req.version, req.block_index);
-            if state.fetched.contains(&key) || state.queued.contains_key(&key) {
+            if state.fetched.contains(&key)
+                || state.queued.contains_key(&key)
+                || state.in_flight.contains(&key)
+            {
                 continue;
             }
             state.queued.insert(key, stream);
@@ -213,12 +219,13 @@ impl Prefetcher {
         queued
     }
 
-    /// A client read of a block: a hit when the lane fetched it, late when it still waits there
-    /// (the read fetches it; the lane will not).
+    /// A client read of a block: a hit when the lane fetched it or is fetching it (the read
+    /// joins that fetch), late when it still waits there (the read fetches it; the lane will
+    /// not).
     pub fn on_read(&self, path: &str, version: &str, index: u64) {
         let key = hint_key(path, version, index);
         let mut state = self.lock();
-        if state.fetched.remove(&key) {
+        if state.fetched.remove(&key) || state.in_flight.remove(&key) {
             drop(state);
             self.counts.add("hit", 1);
         } else if state.queued.remove(&key).is_some() {
@@ -238,6 +245,7 @@ impl Prefetcher {
                     continue;
                 }
                 state.queued.remove(&key);
+                state.in_flight.insert(key);
                 if s.pending.is_empty() {
                     state.streams.remove(&stream);
                 } else {
@@ -250,9 +258,12 @@ impl Prefetcher {
         None
     }
 
-    fn fetched(&self, key: HintKey) {
+    /// The lane's fetch of `key` ended (`held`: the block is in the cache). Remembered for the
+    /// read that will count it a hit, unless that read came while it was being fetched.
+    fn done(&self, key: HintKey, held: bool) {
         let mut state = self.lock();
-        if state.fetched.insert(key) {
+        let unread = state.in_flight.remove(&key);
+        if held && unread && state.fetched.insert(key) {
             state.fetched_order.push_back(key);
         }
         while state.fetched_order.len() > MAX_FETCHED {
@@ -284,10 +295,11 @@ pub async fn run(
                 match blocks.load(&read).await {
                     Ok(outcome) => {
                         p.counts.add(if outcome.already_cached { "cached" } else { "fetched" }, 1);
-                        p.fetched(key);
+                        p.done(key, true);
                     }
                     Err(e) => {
                         p.counts.add("failed", 1);
+                        p.done(key, false);
                         debug!(path = %read.path, index = read.index, err = %e, "prefetch of a block failed");
                     }
                 }
@@ -338,7 +350,7 @@ mod tests {
         let now = Instant::now();
         p.hint(1, &[req("/a", 0), req("/a", 1)], now);
         let (key, _) = p.next().unwrap();
-        p.fetched(key);
+        p.done(key, true);
         assert_eq!(p.hint(1, &[req("/a", 0), req("/a", 1)], now), 1, "the fetched block is not queued again");
         p.on_read("/a", "v", 0);
         p.on_read("/a", "v", 0);
@@ -348,6 +360,30 @@ mod tests {
         assert_eq!(p.counters().late, 0);
         p.on_read("/a", "v", 1);
         assert_eq!(p.counters().late, 1);
+    }
+
+    #[test]
+    fn a_block_being_fetched_is_not_queued_again_and_a_read_of_it_is_a_hit() {
+        let p = Prefetcher::default();
+        let now = Instant::now();
+        p.hint(1, &[req("/a", 0), req("/b", 0)], now);
+        let (a, read) = p.next().unwrap();
+        assert_eq!(read.path, "/a");
+        // The reader's next window still names /a, whose fetch is under way: only /b and /c.
+        assert_eq!(p.hint(1, &[req("/a", 0), req("/b", 0), req("/c", 0)], now), 2);
+        let rest: Vec<String> = std::iter::from_fn(|| p.next()).map(|(_, r)| r.path).collect();
+        assert_eq!(rest, vec!["/b", "/c"], "/a is fetched once");
+        // The reader asks for /a while the lane fetches it: it joins that fetch, a hit.
+        p.on_read("/a", "v", 0);
+        assert_eq!(p.counters().hit, 1);
+        p.done(a, true);
+        p.on_read("/a", "v", 0);
+        assert_eq!(p.counters().hit, 1, "counted once");
+        // A failed fetch is forgotten: the block may be hinted again.
+        p.hint(2, &[req("/z", 0)], now);
+        let (z, _) = p.next().unwrap();
+        p.done(z, false);
+        assert_eq!(p.hint(2, &[req("/z", 0)], now), 1);
     }
 
     #[test]
