@@ -173,9 +173,16 @@ impl<S> Timed<S> {
     /// belong to the runtime that armed them, so they are dropped and armed again by the next
     /// wait.
     pub(crate) fn split(self) -> (S, Timed<()>) {
-        let Self { inner, permit, timeouts, tracker, read_deadline, write_deadline, stalled, .. } = self;
-        let rest = Timed {
-            inner: (),
+        self.swap_inner(())
+    }
+
+    /// This stream's deadlines, tracker and place around `inner` instead, with no timer armed
+    /// (a timer belongs to the runtime that armed it), and the stream it held.
+    fn swap_inner<T>(self, inner: T) -> (S, Timed<T>) {
+        let Self { inner: held, permit, timeouts, tracker, read_deadline, write_deadline, stalled, .. } =
+            self;
+        let timed = Timed {
+            inner,
             permit,
             timeouts,
             tracker,
@@ -185,7 +192,7 @@ impl<S> Timed<S> {
             write_timer: None,
             stalled,
         };
-        (inner, rest)
+        (held, timed)
     }
 
     fn on_read(&mut self, bytes: &[u8]) {
@@ -267,18 +274,7 @@ impl<S> Timed<S> {
 impl Timed<()> {
     /// The deadlines and place [`split`](Timed::split) off, around `inner`.
     pub(crate) fn rejoin<S>(self, inner: S) -> Timed<S> {
-        let Self { permit, timeouts, tracker, read_deadline, write_deadline, stalled, .. } = self;
-        Timed {
-            inner,
-            permit,
-            timeouts,
-            tracker,
-            read_deadline,
-            write_deadline,
-            read_timer: None,
-            write_timer: None,
-            stalled,
-        }
+        self.swap_inner(inner).1
     }
 }
 
