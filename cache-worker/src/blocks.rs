@@ -123,6 +123,20 @@ pub struct BlockService {
 }
 
 impl BlockService {
+    /// A service over `cache` and `mounts` with a 10 s UFS deadline, no UFS fetch gate and the
+    /// system clock: for tests of what sits above it.
+    #[cfg(test)]
+    pub(crate) fn for_tests(cache: Arc<BlockCache>, counters: Arc<Counters>, mounts: Arc<Mounts>) -> Self {
+        Self::new(
+            cache,
+            counters,
+            mounts,
+            Duration::from_secs(10),
+            Arc::new(crate::classes::ClassGate::for_ufs_fetches(0)),
+            strata_common::clock::system(),
+        )
+    }
+
     /// `counters` must be the ones `cache` counts into.
     pub fn new(
         cache: Arc<BlockCache>,

@@ -284,14 +284,7 @@ mod tests {
                 block_size: 1024,
             }],
         })));
-        let blocks = BlockService::new(
-            cache,
-            counters,
-            mounts,
-            Duration::from_secs(10),
-            Arc::new(crate::classes::ClassGate::for_ufs_fetches(0)),
-            strata_common::clock::system(),
-        );
+        let blocks = BlockService::for_tests(cache, counters, mounts);
         let version = factory.open(&uri, &Default::default()).unwrap().stat("f.bin").await.unwrap().version;
         let upstream = Arc::new(ScriptedUpstream {
             answers: Mutex::new(vec![

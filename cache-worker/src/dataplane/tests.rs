@@ -72,14 +72,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         }],
     })));
     let clock = strata_common::clock::system();
-    let blocks = BlockService::new(
-        cache,
-        counters,
-        mounts,
-        Duration::from_secs(10),
-        Arc::new(crate::classes::ClassGate::for_ufs_fetches(0)),
-        clock.clone(),
-    );
+    let blocks = BlockService::for_tests(cache, counters, mounts);
     let plane = DataPlane {
         blocks: Arc::new(blocks),
         grants: Arc::new(Grants::from_config(&config, clock).unwrap()),
