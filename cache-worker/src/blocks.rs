@@ -23,7 +23,7 @@ use strata_ufs::{UfsError, UfsWriter};
 use crate::cache::{BlockCache, Durability};
 use crate::classes::ClassGate;
 use crate::error::ServeError;
-use crate::fetch::{FetchFor, Fetcher, Located};
+use crate::fetch::{FetchFor, Fetcher, Located, Tap};
 use crate::metrics_defs as m;
 use crate::mounts::{Mounts, Resolved};
 use crate::qos::Qos;
@@ -120,6 +120,9 @@ pub struct BlockService {
     mounts: Arc<Mounts>,
     qos: Qos,
     counters: Arc<Counters>,
+    /// Whether a client's cold read is answered as the block arrives from the UFS
+    /// (`cut_through`, see `fetch`).
+    cut_through: std::sync::atomic::AtomicBool,
 }
 
 impl BlockService {
@@ -153,6 +156,27 @@ impl BlockService {
             mounts,
             qos: Qos::new(clock),
             counters,
+            cut_through: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// Turns cut-through answers of cold reads on or off (the worker's `cut_through`).
+    pub fn set_cut_through(&self, on: bool) {
+        self.cut_through.store(on, Ordering::Relaxed);
+    }
+
+    pub fn cut_through(&self) -> bool {
+        self.cut_through.load(Ordering::Relaxed)
+    }
+
+    /// Counts a cut-through answer that ended: whole, or cut off after the fetch failed.
+    pub fn count_cut_through(&self, whole: bool) {
+        if whole {
+            self.counters.cut_through_reads.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::CUT_THROUGH_READS).increment(1);
+        } else {
+            self.counters.cut_through_aborts.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::CUT_THROUGH_ABORTS).increment(1);
         }
     }
 
@@ -264,7 +288,7 @@ impl BlockService {
         if let Some(id) = block::write_back_id(&r.version) {
             return Ok((self.read_journal(r, &at, id).await?, Source::Nvme));
         }
-        self.read_bytes(r, &at, QosClass::default()).await
+        self.read_bytes(r, &at, QosClass::default(), None).await
     }
 
     /// One block range like [`read`](Self::read), but a block that is only on NVMe (and
@@ -272,6 +296,18 @@ impl BlockService {
     /// promoted to DRAM then: the page cache holds it as well as DRAM would. A miss is fetched
     /// in the client's request `class`.
     pub async fn read_payload(&self, r: &BlockRead, class: QosClass) -> Result<Served, ServeError> {
+        self.read_payload_tapped(r, class, None).await
+    }
+
+    /// [`read_payload`](Self::read_payload), with the pieces of a UFS fetch this read flies sent
+    /// to `tap` as they arrive (cut-through; see `fetch`). Whatever went to the tap, the result
+    /// is the read's outcome: only an `Ok` makes those pieces the file's bytes.
+    pub async fn read_payload_tapped(
+        &self,
+        r: &BlockRead,
+        class: QosClass,
+        tap: Option<&Tap>,
+    ) -> Result<Served, ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
         if let Some(id) = block::write_back_id(&r.version) {
@@ -285,7 +321,7 @@ impl BlockService {
                 Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
             return Ok(Served { payload, source: Source::Nvme, key: at.key });
         }
-        let (bytes, source) = self.read_bytes(r, &at, class).await?;
+        let (bytes, source) = self.read_bytes(r, &at, class, tap).await?;
         Ok(Served { payload: Payload::Bytes(bytes), source, key: at.key })
     }
 
@@ -341,6 +377,7 @@ impl BlockService {
         r: &BlockRead,
         at: &Located,
         class: QosClass,
+        tap: Option<&Tap>,
     ) -> Result<(Bytes, Source), ServeError> {
         // Part of a cached block: only that part is read (and checked) from NVMe.
         if r.len < at.block_len
@@ -349,7 +386,8 @@ impl BlockService {
             self.served(out.len() as u64);
             return Ok((out, source));
         }
-        let (bytes, source) = self.fetcher.block(at, Durability::WriteBack, FetchFor::Client(class)).await?;
+        let (bytes, source) =
+            self.fetcher.block_tapped(at, Durability::WriteBack, FetchFor::Client(class), tap).await?;
         let start = r.offset as usize;
         let out = bytes.slice(start..start + r.len as usize);
         self.served(out.len() as u64);

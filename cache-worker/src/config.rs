@@ -80,6 +80,10 @@ pub struct WorkerConfig {
     /// (`sendfile`, passed descriptors) instead of reading and re-checking them on every read.
     /// Default true; false checks every NVMe read (see docs/ARCHITECTURE.md, "Zero copy").
     pub zero_copy: bool,
+    /// Answer a client's cold block read as the block arrives from the UFS (cut-through)
+    /// rather than once all of it is in: the read's first byte comes after the store's first
+    /// byte, not after the whole block. Default true (see docs/ARCHITECTURE.md, "Cut-through").
+    pub cut_through: bool,
     /// RDMA grants on the TCP data plane (`[rdma]` table, see [`RdmaConfig`]). Default off.
     pub rdma: RdmaConfig,
     /// Data-plane connections open at once in this process (a worker's TCP connections, or a
@@ -278,6 +282,7 @@ impl Default for WorkerConfig {
             short_circuit_shm_bytes: 256 << 20,
             nvme_writeback_idle_ms: crate::cache::DEFAULT_WRITEBACK_IDLE.as_millis() as u64,
             zero_copy: true,
+            cut_through: true,
             rdma: RdmaConfig::default(),
             max_connections: 16_384,
             max_connections_per_peer: 4096,

@@ -714,11 +714,128 @@ async fn serve_read<S: Connection>(
     class: QosClass,
 ) -> std::io::Result<()> {
     let started = Instant::now();
-    // A cold block's UFS fetch waits for a fetch place by class; the answer for an answer place.
-    let read = plane.blocks.read_payload(&block_read(req), class).await;
-    plane.classes.step_aside(class).await;
-    let _place = plane.classes.acquire(class).await;
-    answer_read(stream, req, read, started).await
+    if !plane.blocks.cut_through() {
+        // A cold block's UFS fetch waits for a fetch place by class; the answer for an answer place.
+        let read = plane.blocks.read_payload(&block_read(req), class).await;
+        plane.classes.step_aside(class).await;
+        let _place = plane.classes.acquire(class).await;
+        return answer_read(stream, req, read, started).await;
+    }
+    let (tap, pieces) = tokio::sync::mpsc::unbounded_channel();
+    let read = async move {
+        // Dropped when the read ends, which ends the forwarding.
+        let tap = tap;
+        plane.blocks.read_payload_tapped(&block_read(req), class, Some(&tap)).await
+    };
+    let (read, forwarded) = tokio::join!(read, forward_pieces(stream, plane, req, class, pieces));
+    let Some(begun) = forwarded? else {
+        // Nothing went out: a hit, a joined flight, or a fetch that failed before the range's
+        // first byte arrived (answered with a clean error frame).
+        plane.classes.step_aside(class).await;
+        let _place = plane.classes.acquire(class).await;
+        return answer_read(stream, req, read, started).await;
+    };
+    match read {
+        Ok(Served { payload: Payload::Bytes(bytes), source, .. }) => {
+            // The rest, and with it the last byte: the frame is whole only now that the whole
+            // block arrived at its version.
+            stream.write_all(&bytes[begun.sent as usize..]).await?;
+            plane.blocks.count_cut_through(true);
+            let label = if source == Source::Ufs { "ufs" } else { "memory" };
+            metrics::histogram!(m::READ_SECONDS, "source" => label).record(started.elapsed().as_secs_f64());
+            Ok(())
+        }
+        Ok(Served { .. }) => {
+            plane.blocks.count_cut_through(false);
+            Err(std::io::Error::other("a cut-through read was answered from a file"))
+        }
+        Err(e) => {
+            // The header promised the whole range: a frame cut short is all the client can be
+            // told, and it never completes with bytes of a failed fetch.
+            plane.blocks.count_cut_through(false);
+            warn!(path = %req.path, block = req.block_index, err = %e, sent = begun.sent, "block fetch failed after its answer began; closing the connection");
+            Err(std::io::Error::other(format!("block fetch failed after its answer began: {e}")))
+        }
+    }
+}
+
+/// A cut-through answer under way: the payload bytes written, and the answer place it holds.
+struct Begun<'a> {
+    sent: u64,
+    _place: crate::classes::ClassPermit<'a>,
+}
+
+/// Writes the answer to `req` from the block's `pieces` as they arrive — the header once the
+/// range's first byte is in, then the range's bytes — all but the range's last byte, which waits
+/// for the read's outcome. `None` when nothing was written (no piece of the range came).
+async fn forward_pieces<'a, S: Connection>(
+    stream: &mut S,
+    plane: &'a DataPlane,
+    req: &ReadBlockRequest,
+    class: QosClass,
+    mut pieces: tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>,
+) -> std::io::Result<Option<Begun<'a>>> {
+    let (start, limit) = (req.offset, req.len.saturating_sub(1));
+    let (mut at, mut begun): (u64, Option<Begun<'a>>) = (0, None);
+    while let Some(first) = pieces.recv().await {
+        let (mut out, mut len) = (Vec::new(), 0u64);
+        let sent = begun.as_ref().map_or(0, |b| b.sent);
+        // Whatever else has arrived goes out in the same write.
+        let mut next = Some(first);
+        while let Some(piece) = next.take().or_else(|| pieces.try_recv().ok()) {
+            let from = (start + sent + len).max(at);
+            let to = (start + limit).min(at + piece.len() as u64);
+            if from < to {
+                out.push(piece.slice((from - at) as usize..(to - at) as usize));
+                len += to - from;
+            }
+            at += piece.len() as u64;
+        }
+        if out.is_empty() {
+            continue;
+        }
+        if begun.is_none() {
+            plane.classes.step_aside(class).await;
+            let place = plane.classes.acquire(class).await;
+            let head = ResponseHeader { status: Ok(Source::Ufs), req_id: req.req_id, payload_len: req.len };
+            out.insert(0, bytes::Bytes::copy_from_slice(&head.encode()));
+            begun = Some(Begun { sent: 0, _place: place });
+        }
+        write_all_pieces(stream, out).await?;
+        let b = begun.as_mut().expect("begun above");
+        b.sent += len;
+        if b.sent == limit {
+            break;
+        }
+    }
+    Ok(begun)
+}
+
+/// Writes `pieces` in order, as few writes as the stream allows.
+async fn write_all_pieces<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    mut pieces: Vec<bytes::Bytes>,
+) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < pieces.len() {
+        let slices: Vec<std::io::IoSlice<'_>> =
+            pieces[first..].iter().map(|p| std::io::IoSlice::new(p)).collect();
+        let mut n = stream.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let head = &mut pieces[first];
+            if n >= head.len() {
+                n -= head.len();
+                first += 1;
+            } else {
+                *head = head.slice(n..);
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A `ReadMany`: every item's access checked, the items read [`READ_MANY_CONCURRENCY`] at a

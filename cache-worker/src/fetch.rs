@@ -18,6 +18,13 @@
 //! class (`ufs_fetch_slots`, docs/QOS.md), held while the store answers and given back before
 //! the block is kept; loads (warmup, prefetch) take none — their lanes have windows of their
 //! own. The place is the flight's: a reader joining a flight waits in its flier's class.
+//!
+//! Cut-through: the reader that flies a flight may pass a [`Tap`]; the block's pieces then go to
+//! it as they arrive from the UFS (in order, from the block's first byte), so its answer can
+//! start before the last byte is in. The block is still kept only once the whole of it arrived
+//! at its version; what the tap saw of a failed fetch must not reach anyone as the file's bytes
+//! (the data plane closes the connection instead of finishing the answer). Readers joining the
+//! flight, and reads from an upstream, get the whole block as before.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -74,6 +81,10 @@ pub enum FetchFor {
 
 type Flights = Mutex<HashMap<BlockKey, Arc<OnceCell<Bytes>>>>;
 
+/// Where a cut-through fetch sends the block's pieces as they arrive (see the module's notes).
+/// A closed receiver only stops the pieces; the fetch goes on for the cache.
+pub type Tap = tokio::sync::mpsc::UnboundedSender<Bytes>;
+
 pub struct Fetcher {
     cache: Arc<BlockCache>,
     counters: Arc<Counters>,
@@ -113,6 +124,18 @@ impl Fetcher {
         durability: Durability,
         whom: FetchFor,
     ) -> Result<(Bytes, Source), ServeError> {
+        self.block_tapped(at, durability, whom, None).await
+    }
+
+    /// [`block`](Self::block), with the pieces of a UFS fetch this caller flies sent to `tap`
+    /// as they arrive.
+    pub async fn block_tapped(
+        &self,
+        at: &Located,
+        durability: Durability,
+        whom: FetchFor,
+        tap: Option<&Tap>,
+    ) -> Result<(Bytes, Source), ServeError> {
         if let Some(found) = self.cache.lookup(&at.key).await {
             return Ok(found);
         }
@@ -134,7 +157,7 @@ impl Fetcher {
                     *flown.lock().unwrap_or_else(|p| p.into_inner()) = Some(None);
                     return Ok(b);
                 }
-                let (bytes, write) = self.fetch(at, durability, whom).await?;
+                let (bytes, write) = self.fetch(at, durability, whom, tap).await?;
                 *flown.lock().unwrap_or_else(|p| p.into_inner()) = Some(write);
                 Ok(bytes)
             })
@@ -162,24 +185,30 @@ impl Fetcher {
         at: &Located,
         durability: Durability,
         whom: FetchFor,
+        tap: Option<&Tap>,
     ) -> Result<(Bytes, Option<NvmeWrite>), ServeError> {
         let bytes = {
             let _place = match whom {
                 FetchFor::Client(class) => Some(self.gate.acquire(class).await),
                 FetchFor::Load => None,
             };
-            self.read_below(at).await?
+            self.read_below(at, tap).await?
         };
         let write = self.cache.keep(&at.key, &bytes, durability, at.params).await;
         Ok((bytes, write))
     }
 
     /// The block from the upstream, else from the UFS within the fetch deadline.
-    async fn read_below(&self, at: &Located) -> Result<Bytes, ServeError> {
+    async fn read_below(&self, at: &Located, tap: Option<&Tap>) -> Result<Bytes, ServeError> {
         if let Some(bytes) = self.ask_upstream(at).await {
             return Ok(bytes);
         }
-        let read = at.mount.ufs.read_range(&at.rel, at.range(), &at.key.version);
+        let read = async {
+            match tap {
+                Some(tap) => read_tapped(at, tap).await,
+                None => at.mount.ufs.read_range(&at.rel, at.range(), &at.key.version).await,
+            }
+        };
         let bytes = match tokio::time::timeout(self.ufs_deadline, read).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
@@ -231,6 +260,38 @@ impl Fetcher {
     }
 }
 
+/// The block from the UFS piece by piece, each piece sent to `tap` as it arrives, and the
+/// whole block once every byte is in (one copy to make it contiguous, as a read of the whole
+/// range makes). A block of the wrong length is of another version.
+async fn read_tapped(at: &Located, tap: &Tap) -> strata_ufs::Result<Bytes> {
+    use futures::StreamExt;
+    let mut pieces = at.mount.ufs.read_stream(&at.rel, at.range(), &at.key.version);
+    let (mut first, mut joined): (Option<Bytes>, Option<bytes::BytesMut>) = (None, None);
+    while let Some(piece) = pieces.next().await {
+        let piece = piece?;
+        // A closed receiver means the reader no longer wants the pieces; the cache still does.
+        let _ = tap.send(piece.clone());
+        match (&mut joined, first.take()) {
+            (Some(buf), _) => buf.extend_from_slice(&piece),
+            (None, None) => first = Some(piece),
+            (None, Some(earlier)) => {
+                let mut buf = bytes::BytesMut::with_capacity(at.block_len as usize);
+                buf.extend_from_slice(&earlier);
+                buf.extend_from_slice(&piece);
+                joined = Some(buf);
+            }
+        }
+    }
+    let bytes = match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    };
+    if bytes.len() as u64 != at.block_len {
+        return Err(strata_ufs::UfsError::VersionChanged(at.rel.clone()));
+    }
+    Ok(bytes)
+}
+
 /// Removes a flight whose block a tier now holds from the map (unless another replaced it).
 fn end_flight(inflight: &Flights, key: &BlockKey, cell: &Arc<OnceCell<Bytes>>) {
     let mut flights = inflight.lock().unwrap_or_else(|p| p.into_inner());
@@ -279,6 +340,116 @@ mod tests {
             self.go.acquire().await.expect("never closed").forget();
             Ok(Bytes::from(vec![7u8; (range.end - range.start) as usize]))
         }
+    }
+
+    /// A UFS whose streamed reads yield the range's first half at once and the second when the
+    /// test hands out a permit — or, told to, a temporary error in its place.
+    struct HalvesUfs {
+        second: tokio::sync::Semaphore,
+        break_next: std::sync::atomic::AtomicBool,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Default for HalvesUfs {
+        fn default() -> Self {
+            Self { second: tokio::sync::Semaphore::new(0), break_next: false.into(), reads: 0.into() }
+        }
+    }
+
+    #[async_trait]
+    impl Ufs for HalvesUfs {
+        async fn stat(&self, path: &str) -> strata_ufs::Result<ObjectMeta> {
+            Err(strata_ufs::UfsError::NotFound(path.into()))
+        }
+        async fn list(&self, _dir: &str) -> strata_ufs::Result<Vec<UfsEntry>> {
+            Ok(Vec::new())
+        }
+        async fn read_range(
+            &self,
+            _path: &str,
+            range: std::ops::Range<u64>,
+            _version: &str,
+        ) -> strata_ufs::Result<Bytes> {
+            Ok(halves_of(range).concat().into())
+        }
+        fn read_stream<'a>(
+            &'a self,
+            _path: &'a str,
+            range: std::ops::Range<u64>,
+            _version: &'a str,
+        ) -> futures::stream::BoxStream<'a, strata_ufs::Result<Bytes>> {
+            use futures::StreamExt;
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let [first, second] = halves_of(range);
+            let broken = self.break_next.swap(false, Ordering::SeqCst);
+            let later = async move {
+                self.second.acquire().await.expect("never closed").forget();
+                if broken { Err(strata_ufs::UfsError::Temporary("cut".into())) } else { Ok(second) }
+            };
+            futures::stream::iter([Ok(first)]).chain(futures::stream::once(later)).boxed()
+        }
+    }
+
+    fn halves_of(range: std::ops::Range<u64>) -> [Bytes; 2] {
+        let bytes: Vec<u8> = range.map(|i| (i % 251) as u8).collect();
+        let (a, b) = bytes.split_at(bytes.len() / 2);
+        [Bytes::copy_from_slice(a), Bytes::copy_from_slice(b)]
+    }
+
+    #[tokio::test]
+    async fn the_flier_s_tap_sees_each_piece_as_it_arrives_and_a_joiner_gets_the_whole_block() {
+        let fetcher = Arc::new(fetcher(ClassGate::new(0, 0, 0)));
+        let ufs = Arc::new(HalvesUfs::default());
+        let mut at = located(&Arc::new(HeldUfs::default()), "halves");
+        Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
+        let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
+        let flier = {
+            let (fetcher, at) = (fetcher.clone(), at.clone());
+            tokio::spawn(async move {
+                let whom = FetchFor::Client(QosClass::Throughput);
+                fetcher.block_tapped(&at, Durability::WriteBack, whom, Some(&tap)).await
+            })
+        };
+        let [first, second] = halves_of(0..100);
+        assert_eq!(pieces.recv().await, Some(first.clone()), "the first half, before the second exists");
+        let (joiner_tap, mut joiner_pieces) = tokio::sync::mpsc::unbounded_channel();
+        let joiner = {
+            let (fetcher, at) = (fetcher.clone(), at.clone());
+            tokio::spawn(async move {
+                let whom = FetchFor::Client(QosClass::Latency);
+                fetcher.block_tapped(&at, Durability::WriteBack, whom, Some(&joiner_tap)).await
+            })
+        };
+        // The second miss can only join: the flight is held open by the UFS.
+        until("the joiner missed", || fetcher.counters.misses.load(Ordering::SeqCst) == 2).await;
+        ufs.second.add_permits(1);
+        assert_eq!(pieces.recv().await, Some(second));
+        let whole = Bytes::from([first, halves_of(0..100)[1].clone()].concat());
+        assert_eq!(flier.await.unwrap().unwrap().0, whole);
+        assert_eq!(joiner.await.unwrap().unwrap().0, whole);
+        assert_eq!(pieces.recv().await, None, "the tap closes with the fetch");
+        assert_eq!(joiner_pieces.recv().await, None, "a joiner's tap sees nothing");
+        assert_eq!(ufs.reads.load(Ordering::SeqCst), 1);
+        let (_, source) = fetcher.block(&at, Durability::WriteBack, FetchFor::Load).await.unwrap();
+        assert_eq!(source, Source::Memory, "kept once whole");
+    }
+
+    #[tokio::test]
+    async fn a_stream_broken_midway_fails_the_fetch_after_its_tap_saw_a_piece_and_keeps_nothing() {
+        let fetcher = fetcher(ClassGate::new(0, 0, 0));
+        let ufs = Arc::new(HalvesUfs::default());
+        let mut at = located(&Arc::new(HeldUfs::default()), "broken");
+        Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
+        ufs.break_next.store(true, Ordering::SeqCst);
+        ufs.second.add_permits(2);
+        let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
+        let whom = FetchFor::Client(QosClass::Throughput);
+        let failed = fetcher.block_tapped(&at, Durability::WriteBack, whom, Some(&tap)).await;
+        assert!(matches!(failed, Err(ServeError::Ufs(_))), "{:?}", failed.map(|(b, _)| b.len()));
+        assert_eq!(pieces.recv().await, Some(halves_of(0..100)[0].clone()));
+        let (again, source) = fetcher.block(&at, Durability::WriteBack, whom).await.unwrap();
+        assert_eq!((again.len(), source), (100, Source::Ufs), "fetched again, not kept broken");
+        assert_eq!(ufs.reads.load(Ordering::SeqCst), 1, "the second fetch read the whole range at once");
     }
 
     fn fetcher(gate: ClassGate) -> Fetcher {

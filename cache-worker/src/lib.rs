@@ -226,14 +226,16 @@ pub(crate) async fn open_blocks(
     };
     let cache = Arc::new(BlockCache::new(memory, nvme, cache_config, counters.clone()));
     let mounts = Arc::new(Mounts::new(factory));
-    Ok(Arc::new(BlockService::new(
+    let blocks = BlockService::new(
         cache,
         counters,
         mounts,
         Duration::from_millis(config.ufs_timeout_ms),
         Arc::new(classes::ClassGate::for_ufs_fetches(config.ufs_fetch_slots)),
         clock,
-    )))
+    );
+    blocks.set_cut_through(config.cut_through);
+    Ok(Arc::new(blocks))
 }
 
 /// The writer moving dirty DRAM blocks to NVMe while reads are quiet (see `cache`).

@@ -57,6 +57,12 @@ pub const REQUEST_ERRORS: &str = "strata_worker_request_errors_total";
 /// Counter, label `kind` (`unauthenticated`, `permission_denied`, `unavailable`: tokens not
 /// learnt yet): data-plane connections closed by the token check before serving anything.
 pub const AUTH_REFUSED: &str = "strata_worker_auth_refused_total";
+/// Counter: cold block reads whose answer began before the block's last byte arrived from the
+/// UFS (cut-through).
+pub const CUT_THROUGH_READS: &str = "strata_worker_cut_through_reads_total";
+/// Counter: cut-through answers cut off (their connection closed) because the fetch failed
+/// after the answer began; the client sees a broken connection, never a short or wrong block.
+pub const CUT_THROUGH_ABORTS: &str = "strata_worker_cut_through_aborts_total";
 /// Histogram, seconds: time to serve one block read, label `source`.
 pub const READ_SECONDS: &str = "strata_worker_read_seconds";
 /// Gauge, bytes, label `tier`: bytes held.

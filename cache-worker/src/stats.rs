@@ -19,6 +19,10 @@ pub struct Counters {
     /// without a commit (the client went away or failed; the old file stays).
     pub writes_committed: AtomicU64,
     pub writes_aborted: AtomicU64,
+    /// Cold reads answered as their block arrived (cut-through), and those of them cut off
+    /// because the fetch failed after the answer began.
+    pub cut_through_reads: AtomicU64,
+    pub cut_through_aborts: AtomicU64,
 }
 
 /// The counters at one moment.
@@ -33,6 +37,8 @@ pub struct CounterSnapshot {
     pub zero_copy_bytes: u64,
     pub writes_committed: u64,
     pub writes_aborted: u64,
+    pub cut_through_reads: u64,
+    pub cut_through_aborts: u64,
     pub corrupt_blocks: u64,
 }
 
@@ -49,6 +55,8 @@ impl Counters {
             zero_copy_bytes: get(&self.zero_copy_bytes),
             writes_committed: get(&self.writes_committed),
             writes_aborted: get(&self.writes_aborted),
+            cut_through_reads: get(&self.cut_through_reads),
+            cut_through_aborts: get(&self.cut_through_aborts),
             corrupt_blocks,
         }
     }

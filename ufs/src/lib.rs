@@ -118,6 +118,23 @@ pub trait Ufs: Send + Sync + 'static {
     /// `VersionChanged` — never bytes of another version.
     async fn read_range(&self, path: &str, range: Range<u64>, version: &str) -> Result<Bytes>;
 
+    /// The bytes of `range` as they arrive, in order: what [`read_range`](Self::read_range)
+    /// returns, in pieces, so a caller can pass the first ones on before the last arrive.
+    ///
+    /// A version check that can only be made once every byte is read (a store without
+    /// conditional reads) ends the stream with `VersionChanged` *after* the bytes of another
+    /// version went by: a caller must not let anyone take the bytes as the file's before the
+    /// stream ended without an error and with exactly `range`'s length. The default yields the
+    /// whole range at once.
+    fn read_stream<'a>(
+        &'a self,
+        path: &'a str,
+        range: Range<u64>,
+        version: &'a str,
+    ) -> BoxStream<'a, Result<Bytes>> {
+        futures::stream::once(self.read_range(path, range, version)).boxed()
+    }
+
     /// Every file under `dir` (recursively; `dir` itself when it is a file), as a stream in an
     /// order that is the same on every call. With `start_after` (a path this listing yielded
     /// before) only the files after it come, so a consumer can resume where it stopped.

@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{self, BoxStream};
-use futures::{StreamExt, future};
+use futures::{StreamExt, TryStreamExt, future};
 use opendal::layers::{RetryLayer, TimeoutLayer};
-use opendal::{ErrorKind as OdErrorKind, Metadata, Operator, options::ReadOptions};
+use opendal::options::{ReadOptions, ReaderOptions};
+use opendal::{ErrorKind as OdErrorKind, Metadata, Operator};
 use strata_common::mount_options::STRATA_MOUNT_OPTIONS;
 use strata_common::units::parse_duration;
 
@@ -294,6 +295,47 @@ impl Ufs for OpendalUfs {
         Ok(bytes)
     }
 
+    fn read_stream<'a>(
+        &'a self,
+        path: &'a str,
+        range: Range<u64>,
+        version: &'a str,
+    ) -> BoxStream<'a, Result<Bytes>> {
+        if range.is_empty() {
+            return stream::empty().boxed();
+        }
+        let mut opts = ReaderOptions::default();
+        let pieces = read_pieces(range.end - range.start, self.read_parallelism);
+        if pieces > 1 {
+            // As in `read_range`: every piece carries the same If-Match.
+            opts.concurrent = pieces;
+            opts.chunk = Some((range.end - range.start).div_ceil(pieces as u64) as usize);
+        }
+        if self.conditional_reads {
+            opts.if_match = Some(version.to_string());
+        }
+        let body = stream::once(async move {
+            let reader = self.op.reader_options(path, opts).await.map_err(|e| map_err(path, e))?;
+            let buffers = reader.into_stream(range).await.map_err(|e| map_err(path, e))?;
+            // A buffer may hold several pieces; each goes on as it is, uncopied.
+            Ok::<_, UfsError>(
+                buffers
+                    .map_err(move |e| map_err(path, e))
+                    .map_ok(|buf| stream::iter(Iterator::map(buf, Ok)))
+                    .try_flatten(),
+            )
+        })
+        .try_flatten();
+        // Without conditional reads the version can only be checked after the last byte.
+        let check = stream::once(async move {
+            if !self.conditional_reads && self.stat(path).await?.version != version {
+                return Err(UfsError::VersionChanged(path.to_string()));
+            }
+            Ok(None)
+        });
+        body.map_ok(Some).chain(check).try_filter_map(|piece| future::ready(Ok(piece))).boxed()
+    }
+
     fn lists_recursively(&self) -> bool {
         matches!(self.recursive_listing, RecursiveListing::Ordered { start_after: true })
     }
@@ -385,6 +427,36 @@ mod tests {
             ufs.read_range("sub/a.bin", 0..5, "m1-s11").await,
             Err(UfsError::VersionChanged(_))
         ));
+    }
+
+    /// A streamed read yields exactly the range's bytes, in order; against a version the file no
+    /// longer has, its last item is `VersionChanged` (a local directory can only tell once the
+    /// bytes are read), and a missing file fails at once.
+    #[tokio::test]
+    async fn a_streamed_read_is_the_range_and_ends_in_an_error_for_another_version() {
+        use futures::TryStreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ufs = OpendalUfs::open(&format!("file://{}", dir.path().display()), &BTreeMap::new()).unwrap();
+        let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("big"), &data).unwrap();
+        let version = ufs.stat("big").await.unwrap().version;
+        let range = 1000..(3 << 20) - 7;
+        let pieces: Vec<Bytes> = ufs.read_stream("big", range.clone(), &version).try_collect().await.unwrap();
+        assert_eq!(pieces.concat(), &data[range.start as usize..range.end as usize]);
+        assert_eq!(pieces.concat(), ufs.read_range("big", range.clone(), &version).await.unwrap());
+
+        let mut stale = ufs.read_stream("big", range.clone(), "m1-s3");
+        let mut got = 0;
+        let end = loop {
+            match stale.try_next().await {
+                Ok(Some(piece)) => got += piece.len(),
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        assert!(matches!(end, Some(UfsError::VersionChanged(_))), "{end:?} after {got} bytes");
+        let missing: Result<Vec<Bytes>> = ufs.read_stream("nope", 0..10, &version).try_collect().await;
+        assert!(matches!(missing, Err(UfsError::NotFound(_))), "{missing:?}");
     }
 
     /// A write in progress on a local directory stages under a hidden name; a listing (one

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::stream::BoxStream;
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt, TryStreamExt, future};
 
 use crate::{ObjectMeta, Result, Ufs, UfsEntry, UfsError, UfsFactory, UfsFile};
 
@@ -52,6 +53,11 @@ impl UfsCounters {
 pub struct UfsFaults {
     /// The next N reads fail with a temporary error.
     pub fail_next_reads: AtomicU64,
+    /// The next N streamed reads ([`Ufs::read_stream`]) fail with a temporary error after their
+    /// first piece: a store whose connection breaks in the middle of a body.
+    pub break_next_streams: AtomicU64,
+    /// Holds streamed reads after their first piece, as a slow store would.
+    pub stream_gate: StreamGate,
     /// Every read first sleeps this many milliseconds.
     pub read_delay_ms: AtomicU64,
     /// The next N writers refuse to open with a temporary error (a UFS answering 500s).
@@ -60,6 +66,37 @@ pub struct UfsFaults {
     pub writers_opened: AtomicU64,
     /// The next N copies by the service are refused (as S3 refuses a CopyObject over 5 GiB).
     pub refuse_next_copies: AtomicU64,
+}
+
+/// While `held`, every streamed read waits after its first piece (before its next piece, or its
+/// end) for a permit of `permits`, one per read.
+pub struct StreamGate {
+    pub held: std::sync::atomic::AtomicBool,
+    pub permits: tokio::sync::Semaphore,
+    /// Streamed reads waiting at the gate now.
+    pub waiting: AtomicU64,
+}
+
+impl Default for StreamGate {
+    fn default() -> Self {
+        Self { held: false.into(), permits: tokio::sync::Semaphore::new(0), waiting: AtomicU64::new(0) }
+    }
+}
+
+impl std::fmt::Debug for StreamGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamGate").field("held", &self.held).field("waiting", &self.waiting).finish()
+    }
+}
+
+impl StreamGate {
+    async fn pass(&self) {
+        if self.held.load(Ordering::SeqCst) {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            self.permits.acquire().await.expect("never closed").forget();
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 pub struct CountingUfs {
@@ -116,6 +153,62 @@ impl Ufs for CountingUfs {
         self.counters.reads.fetch_add(1, Ordering::SeqCst);
         self.counters.bytes_read.fetch_add(bytes.len() as u64, Ordering::SeqCst);
         Ok(bytes)
+    }
+
+    fn read_stream<'a>(
+        &'a self,
+        path: &'a str,
+        range: Range<u64>,
+        version: &'a str,
+    ) -> BoxStream<'a, Result<Bytes>> {
+        let opened = async move {
+            let delay = self.faults.read_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            let take = |n: &AtomicU64| {
+                n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+            };
+            if take(&self.faults.fail_next_reads) {
+                return Err(UfsError::Temporary(format!("{path}: injected fault")));
+            }
+            let pieces = self.inner.read_stream(path, range, version);
+            let pieces = if take(&self.faults.break_next_streams) {
+                let broken = UfsError::Temporary(format!("{path}: injected fault after the first piece"));
+                pieces.take(1).chain(stream::once(future::ready(Err(broken)))).boxed()
+            } else {
+                pieces
+            };
+            // The gate stands before the second item: the next piece, or the end of the stream.
+            let gate = &self.faults.stream_gate;
+            let mut passed = 0usize;
+            let pieces = pieces
+                .map(Some)
+                .chain(stream::once(future::ready(None)))
+                .then(move |item| {
+                    passed += 1;
+                    let at_gate = passed == 2;
+                    async move {
+                        if at_gate {
+                            gate.pass().await;
+                        }
+                        item
+                    }
+                })
+                .filter_map(future::ready);
+            let counted = pieces
+                .inspect_ok(|piece| {
+                    self.counters.bytes_read.fetch_add(piece.len() as u64, Ordering::SeqCst);
+                })
+                .map_ok(Some)
+                .chain(stream::once(async {
+                    self.counters.reads.fetch_add(1, Ordering::SeqCst);
+                    Ok(None)
+                }))
+                .try_filter_map(|piece| future::ready(Ok(piece)));
+            Ok(counted)
+        };
+        stream::once(opened).try_flatten().boxed()
     }
 }
 

@@ -28,6 +28,8 @@ struct Fixture {
     plane: DataPlane,
     dir: tempfile::TempDir,
     cancel: CancellationToken,
+    /// Faults for the mount's UFS (the local directory, wrapped).
+    ufs_faults: Arc<strata_ufs::testing::UfsFaults>,
 }
 
 impl Drop for Fixture {
@@ -61,7 +63,9 @@ fn fixture(config: WorkerConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f.bin"), OLD).unwrap();
     let (cache, counters) = BlockCache::dram_only(1 << 20);
-    let mounts = Arc::new(Mounts::new(Arc::new(strata_ufs::OpendalFactory)));
+    let factory = strata_ufs::testing::CountingFactory::new(Arc::new(strata_ufs::OpendalFactory));
+    let ufs_faults = factory.faults.clone();
+    let mounts = Arc::new(Mounts::new(Arc::new(factory)));
     mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
         epoch: 1,
         mounts: vec![MountSpec {
@@ -87,7 +91,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),
     };
-    Fixture { plane, dir, cancel: CancellationToken::new() }
+    Fixture { plane, dir, cancel: CancellationToken::new(), ufs_faults }
 }
 
 async fn serve_tcp(config: WorkerConfig) -> (Fixture, SocketAddr) {
@@ -146,6 +150,77 @@ async fn normal_client(stream: &mut TcpStream) {
     let (head, payload) = call(stream, &read.encode()).await;
     assert!(head.status.is_ok(), "{head:?}");
     assert_eq!(payload, OLD);
+}
+
+/// The whole of block 0 of `path` as a read request, from the worker's stat of it.
+async fn whole_first_block<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    path: &str,
+    req_id: u64,
+) -> Vec<u8> {
+    let (head, payload) = call(stream, &StatRequest { req_id, path: path.into() }.encode()).await;
+    assert!(head.status.is_ok(), "{head:?}: {}", String::from_utf8_lossy(&payload));
+    let stat = FileStat::decode(&payload).unwrap();
+    ReadBlockRequest {
+        req_id: req_id + 1,
+        path: stat.path,
+        version: stat.version,
+        file_size: stat.size,
+        block_size: stat.block_size,
+        block_index: 0,
+        offset: 0,
+        len: stat.size.min(stat.block_size),
+    }
+    .encode()
+}
+
+/// Cut-through: a cold read's header and all but its last byte reach the client while the store
+/// is still sending the block; the last byte comes once the whole block arrived. A fetch that
+/// breaks after the answer began closes the connection with the frame unfinished — never a
+/// whole frame of a failed fetch — and the next connection reads the block whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_read_is_answered_as_its_block_arrives_and_a_broken_fetch_never_finishes_the_frame() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let f = fixture(WorkerConfig::default());
+    let addr = serve_on_loopback(&f).await;
+    let within = Duration::from_secs(10);
+    let gate = &f.ufs_faults.stream_gate;
+    gate.held.store(true, SeqCst);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let read = whole_first_block(&mut s, "/d/f.bin", 1).await;
+    s.write_all(&read).await.unwrap();
+    let mut head = [0u8; RESPONSE_HEADER_LEN];
+    tokio::time::timeout(within, s.read_exact(&mut head)).await.expect("the header, early").unwrap();
+    let head = ResponseHeader::decode(&head).unwrap();
+    assert_eq!((head.status, head.payload_len), (Ok(frame::Source::Ufs), OLD.len() as u64));
+    let mut early = vec![0u8; OLD.len() - 1];
+    tokio::time::timeout(within, s.read_exact(&mut early)).await.expect("all but the last byte").unwrap();
+    assert_eq!(early, OLD[..OLD.len() - 1]);
+    // The store cannot finish the block while the gate holds it: these bytes came before it did.
+    eventually("the store's read waits at the gate", within, || gate.waiting.load(SeqCst) == 1).await;
+    gate.permits.add_permits(1);
+    let mut last = [0u8; 1];
+    tokio::time::timeout(within, s.read_exact(&mut last)).await.expect("the last byte").unwrap();
+    assert_eq!(last[0], OLD[OLD.len() - 1]);
+    // Counted once the last byte is written, which the client may see first.
+    eventually("the read counted", within, || f.plane.blocks.counters().cut_through_reads == 1).await;
+    assert_eq!(f.plane.blocks.counters().cut_through_aborts, 0);
+
+    gate.held.store(false, SeqCst);
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 241) as u8).collect();
+    std::fs::write(f.dir.path().join("g.bin"), &data).unwrap();
+    f.ufs_faults.break_next_streams.store(1, SeqCst);
+    let read = whole_first_block(&mut s, "/d/g.bin", 3).await;
+    s.write_all(&read).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(within, s.read_to_end(&mut answer)).await.expect("closed").unwrap();
+    assert!(answer.len() < RESPONSE_HEADER_LEN + 1024, "an unfinished frame: {} bytes", answer.len());
+    assert_eq!(f.plane.blocks.counters().cut_through_aborts, 1);
+    let mut again = TcpStream::connect(addr).await.unwrap();
+    let read = whole_first_block(&mut again, "/d/g.bin", 5).await;
+    let (head, payload) = call(&mut again, &read).await;
+    assert!(head.status.is_ok(), "{head:?}");
+    assert_eq!(payload, data[..1024], "the block, fetched again whole");
 }
 
 /// Reads until the worker closes the connection (end of stream or a reset).
