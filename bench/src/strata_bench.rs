@@ -120,6 +120,10 @@ struct Args {
     /// of its own), at the priority of the worker's latency lane. Negative values need root.
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     qos_reader_nice: i32,
+    /// Workers answer a cold read only once its whole block is in (their `cut_through = false`),
+    /// to compare with cut-through (the default).
+    #[arg(long)]
+    no_cut_through: bool,
 }
 
 /// One line of the report: a Strata figure next to its ceiling.
@@ -192,6 +196,9 @@ async fn main() {
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(opts, ufs).await;
+    for i in 0..args.workers {
+        cluster.worker(i).blocks.set_cut_through(!args.no_cut_through);
+    }
     let mut config = cluster.client_config();
     config.short_circuit = false;
     if let Some(blocks) = args.readahead {

@@ -3,13 +3,19 @@
 //! contiguous buffer), and cold 4 MiB blocks through a one-worker cluster, each at 1/4/8 in
 //! flight. `--no-nvme` gives the worker no NVMe tier, to see what filling it costs;
 //! `--write-through` writes each fetched block to NVMe at once instead of writing it back
-//! later (the default). `--strata-only` skips the direct rows (for a profile); `--parallelism N` sets the mount's `ufs_read_parallelism`; `--mib N` sizes the object (256 by default). Each row ends with the CPU
-//! seconds this process (client and worker) and Garage spent on it, from `/proc`, so a row
-//! bound by the two cores can be told from one bound by waiting.
+//! later (the default). `--strata-only` skips the direct rows (for a profile); `--parallelism N`
+//! sets the mount's `ufs_read_parallelism`; `--mib N` sizes the object (256 by default);
+//! `--no-cut-through` makes the worker answer a cold read only once its whole block is in. Each
+//! row ends with the CPU seconds this process (client and worker) and Garage spent on it, from
+//! `/proc`, so a row bound by the two cores can be told from one bound by waiting.
+//!
+//! A last row reads 64 KiB at the start of each of 32 cold 4 MiB blocks, one at a time (a reader
+//! of one record per block), next to direct reads of 64 KiB and of 4 MiB one at a time: with
+//! cut-through such a read waits for the store's first 64 KiB, without it for the whole block.
 //!
 //! ```sh
 //! source scripts/garage.sh && garage_start
-//! cargo run --release -p strata-testkit --example cold_probe [-- --no-nvme | --write-through]
+//! cargo run --release -p strata-testkit --example cold_probe [-- --no-nvme | --write-through | --no-cut-through]
 //! ```
 use std::time::Instant;
 
@@ -36,6 +42,10 @@ async fn main() {
         w.write(buf).await.unwrap();
     }
     w.close().await.unwrap();
+    let record_blocks = 32u64;
+    let mut record = vec![0u8; (record_blocks * 4 * MIB) as usize];
+    fill_pattern(2, 0, &mut record);
+    op.write("q.bin", record).await.unwrap();
     // `--parallelism N`: the mount's `ufs_read_parallelism` (requests one block read is split into).
     let parallelism = args.iter().position(|a| a == "--parallelism").map(|i| args[i + 1].clone());
     let extra: Vec<(String, String)> =
@@ -74,6 +84,19 @@ async fn main() {
         );
     }
 
+    if !direct_rows.is_empty() {
+        for len in [64 << 10, 4 << 20] {
+            let mut waits = Vec::new();
+            for i in 0..record_blocks {
+                let t = Instant::now();
+                let s = i * (4 << 20);
+                op.read_with("q.bin").range(s..s + len).await.unwrap();
+                waits.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            println!("direct {} KiB one at a time: {}", len >> 10, summary(&mut waits));
+        }
+    }
+
     // Through a one-worker cluster: cold 4 MiB blocks at 1, 4 and 8 in flight (a fresh third of
     // the object each time), then the same reader path the benchmark uses.
     let opts = ClusterOptions {
@@ -90,6 +113,9 @@ async fn main() {
     if std::env::args().any(|a| a == "--write-through") {
         cluster.worker(0).blocks.cache().set_writeback_idle(std::time::Duration::ZERO);
     }
+    let cut_through = !args.iter().any(|a| a == "--no-cut-through");
+    cluster.worker(0).blocks.set_cut_through(cut_through);
+    println!("cut-through: {cut_through}");
     let client = cluster.client().await;
     let info = client.stat("/data/p.bin").await.unwrap();
     let blocks = size / (4 << 20);
@@ -108,6 +134,21 @@ async fn main() {
         let rate = (n * 4) as f64 / t.elapsed().as_secs_f64();
         println!("strata cold blocks, in flight {inflight}: {rate:.0} MiB/s ({})", cpu.since());
     }
+    let records = client.stat("/data/q.bin").await.unwrap();
+    let mut waits = Vec::new();
+    for i in 0..record_blocks {
+        let t = Instant::now();
+        client.read_range_of(&records, i * (4 << 20), 64 << 10).await.unwrap();
+        waits.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!("strata cold 64 KiB at a block's start, one at a time: {}", summary(&mut waits));
+}
+
+/// "p50 X ms, mean Y ms" of `ms`.
+fn summary(ms: &mut [f64]) -> String {
+    ms.sort_by(f64::total_cmp);
+    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+    format!("p50 {:.2} ms, mean {mean:.2} ms", ms[ms.len() / 2])
 }
 
 /// CPU seconds spent so far by this process and by Garage, and the wall clock.
