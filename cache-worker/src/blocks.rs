@@ -299,6 +299,34 @@ impl BlockService {
         self.read_payload_tapped(r, class, None).await
     }
 
+    /// [`read_payload`](Self::read_payload) from the tiers (and write-back journals) alone:
+    /// `None` on a miss, which is neither fetched nor counted.
+    pub async fn read_payload_cached(&self, r: &BlockRead) -> Result<Option<Served>, ServeError> {
+        let _foreground = self.qos.foreground();
+        let at = self.locate_range(r).await?;
+        if let Some(id) = block::write_back_id(&r.version) {
+            let bytes = self.read_journal(r, &at, id).await?;
+            return Ok(Some(Served { payload: Payload::Bytes(bytes), source: Source::Nvme, key: at.key }));
+        }
+        if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
+            self.served(r.len);
+            self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
+            let payload =
+                Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
+            return Ok(Some(Served { payload, source: Source::Nvme, key: at.key }));
+        }
+        let range = r.offset..r.offset + r.len;
+        let found = if r.len < at.block_len {
+            self.cache.lookup_range(&at.key, range).await
+        } else {
+            self.cache.lookup(&at.key).await
+        };
+        Ok(found.map(|(bytes, source)| {
+            self.served(bytes.len() as u64);
+            Served { payload: Payload::Bytes(bytes), source, key: at.key }
+        }))
+    }
+
     /// [`read_payload`](Self::read_payload), with the pieces of a UFS fetch this read flies sent
     /// to `tap` as they arrive (cut-through; see `fetch`). Whatever went to the tap, the result
     /// is the read's outcome: only an `Ok` makes those pieces the file's bytes.

@@ -82,7 +82,8 @@ pub struct WorkerConfig {
     pub zero_copy: bool,
     /// Answer a client's cold block read as the block arrives from the UFS (cut-through)
     /// rather than once all of it is in: the read's first byte comes after the store's first
-    /// byte, not after the whole block. Default true (see docs/ARCHITECTURE.md, "Cut-through").
+    /// byte of the range, not after the whole block. Only on stores that refuse other versions
+    /// up front (`If-Match`). Default true (see docs/ARCHITECTURE.md, "Cut-through").
     pub cut_through: bool,
     /// RDMA grants on the TCP data plane (`[rdma]` table, see [`RdmaConfig`]). Default off.
     pub rdma: RdmaConfig,

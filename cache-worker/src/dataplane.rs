@@ -714,40 +714,70 @@ async fn serve_read<S: Connection>(
     class: QosClass,
 ) -> std::io::Result<()> {
     let started = Instant::now();
-    if !plane.blocks.cut_through() {
-        // A cold block's UFS fetch waits for a fetch place by class; the answer for an answer place.
-        let read = plane.blocks.read_payload(&block_read(req), class).await;
-        plane.classes.step_aside(class).await;
-        let _place = plane.classes.acquire(class).await;
-        return answer_read(stream, req, read, started).await;
+    let read = block_read(req);
+    if plane.blocks.cut_through() {
+        match plane.blocks.read_payload_cached(&read).await {
+            Ok(None) => return serve_miss_cut_through(stream, plane, req, read, class, started).await,
+            found => {
+                plane.classes.step_aside(class).await;
+                let _place = plane.classes.acquire(class).await;
+                let found = found.map(|served| served.expect("a hit"));
+                return answer_read(stream, req, found, started).await;
+            }
+        }
     }
+    // A cold block's UFS fetch waits for a fetch place by class; the answer for an answer place.
+    let read = plane.blocks.read_payload(&read, class).await;
+    plane.classes.step_aside(class).await;
+    let _place = plane.classes.acquire(class).await;
+    answer_read(stream, req, read, started).await
+}
+
+/// A miss answered by cut-through: the read runs as a task of its own, so a flight goes on to
+/// fill the cache even once its answer is complete, and the answer follows its pieces.
+async fn serve_miss_cut_through<S: Connection>(
+    stream: &mut S,
+    plane: &DataPlane,
+    req: &ReadBlockRequest,
+    read: BlockRead,
+    class: QosClass,
+    started: Instant,
+) -> std::io::Result<()> {
     let (tap, pieces) = tokio::sync::mpsc::unbounded_channel();
-    let read = async move {
-        // Dropped when the read ends, which ends the forwarding.
-        let tap = tap;
-        plane.blocks.read_payload_tapped(&block_read(req), class, Some(&tap)).await
+    let blocks = plane.blocks.clone();
+    // The tap is dropped when the read ends, which ends the forwarding.
+    let reading = tokio::spawn(async move { blocks.read_payload_tapped(&read, class, Some(&tap)).await });
+    let outcome = async {
+        reading.await.unwrap_or_else(|e| Err(ServeError::Cancelled(format!("the block read stopped: {e}"))))
     };
-    let (read, forwarded) = tokio::join!(read, forward_pieces(stream, plane, req, class, pieces));
-    let Some(begun) = forwarded? else {
-        // Nothing went out: a hit, a joined flight, or a fetch that failed before the range's
-        // first byte arrived (answered with a clean error frame).
+    let Some(begun) = forward_pieces(stream, plane, req, class, pieces).await? else {
+        // Nothing went out: a joined flight, an upstream's block, or a fetch that failed before
+        // the range's first byte arrived (answered with a clean error frame).
+        let read = outcome.await;
         plane.classes.step_aside(class).await;
         let _place = plane.classes.acquire(class).await;
         return answer_read(stream, req, read, started).await;
     };
-    match read {
-        Ok(Served { payload: Payload::Bytes(bytes), source, .. }) => {
-            // The rest, and with it the last byte: the frame is whole only now that the whole
-            // block arrived at its version.
+    let finished = |plane: &DataPlane| {
+        plane.blocks.count_cut_through(true);
+        metrics::histogram!(m::READ_SECONDS, "source" => "ufs").record(started.elapsed().as_secs_f64());
+    };
+    if begun.sent == req.len {
+        // The store vouched for every byte as it came (`If-Match`): the block's fetch goes on
+        // for the cache alone.
+        finished(plane);
+        return Ok(());
+    }
+    match outcome.await {
+        Ok(Served { payload: Payload::Bytes(bytes), .. }) if bytes.len() as u64 == req.len => {
+            // Whatever the pieces did not bring (they always bring the range today).
             stream.write_all(&bytes[begun.sent as usize..]).await?;
-            plane.blocks.count_cut_through(true);
-            let label = if source == Source::Ufs { "ufs" } else { "memory" };
-            metrics::histogram!(m::READ_SECONDS, "source" => label).record(started.elapsed().as_secs_f64());
+            finished(plane);
             Ok(())
         }
-        Ok(Served { .. }) => {
+        Ok(_) => {
             plane.blocks.count_cut_through(false);
-            Err(std::io::Error::other("a cut-through read was answered from a file"))
+            Err(std::io::Error::other("a cut-through read was answered otherwise"))
         }
         Err(e) => {
             // The header promised the whole range: a frame cut short is all the client can be
@@ -766,8 +796,8 @@ struct Begun<'a> {
 }
 
 /// Writes the answer to `req` from the block's `pieces` as they arrive — the header once the
-/// range's first byte is in, then the range's bytes — all but the range's last byte, which waits
-/// for the read's outcome. `None` when nothing was written (no piece of the range came).
+/// range's first byte is in, then the range's bytes — until the range is whole or the pieces
+/// stop. `None` when nothing was written (no piece of the range came).
 async fn forward_pieces<'a, S: Connection>(
     stream: &mut S,
     plane: &'a DataPlane,
@@ -775,7 +805,7 @@ async fn forward_pieces<'a, S: Connection>(
     class: QosClass,
     mut pieces: tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>,
 ) -> std::io::Result<Option<Begun<'a>>> {
-    let (start, limit) = (req.offset, req.len.saturating_sub(1));
+    let (start, end) = (req.offset, req.offset + req.len);
     let (mut at, mut begun): (u64, Option<Begun<'a>>) = (0, None);
     while let Some(first) = pieces.recv().await {
         let (mut out, mut len) = (Vec::new(), 0u64);
@@ -784,7 +814,7 @@ async fn forward_pieces<'a, S: Connection>(
         let mut next = Some(first);
         while let Some(piece) = next.take().or_else(|| pieces.try_recv().ok()) {
             let from = (start + sent + len).max(at);
-            let to = (start + limit).min(at + piece.len() as u64);
+            let to = end.min(at + piece.len() as u64);
             if from < to {
                 out.push(piece.slice((from - at) as usize..(to - at) as usize));
                 len += to - from;
@@ -804,7 +834,7 @@ async fn forward_pieces<'a, S: Connection>(
         write_all_pieces(stream, out).await?;
         let b = begun.as_mut().expect("begun above");
         b.sent += len;
-        if b.sent == limit {
+        if b.sent == req.len {
             break;
         }
     }

@@ -19,12 +19,15 @@
 //! the block is kept; loads (warmup, prefetch) take none — their lanes have windows of their
 //! own. The place is the flight's: a reader joining a flight waits in its flier's class.
 //!
-//! Cut-through: the reader that flies a flight may pass a [`Tap`]; the block's pieces then go to
-//! it as they arrive from the UFS (in order, from the block's first byte), so its answer can
-//! start before the last byte is in. The block is still kept only once the whole of it arrived
-//! at its version; what the tap saw of a failed fetch must not reach anyone as the file's bytes
-//! (the data plane closes the connection instead of finishing the answer). Readers joining the
-//! flight, and reads from an upstream, get the whole block as before.
+//! Cut-through: the reader that flies a flight may pass a [`Tap`]; on a store that refuses
+//! other versions before its first byte (`Ufs::checks_version_first`: `If-Match`) the block's
+//! pieces then go to it as they arrive (in order, from the block's first byte), so its answer
+//! can start, and end, before the last byte of the block is in. Every such byte is the version
+//! asked for, whatever becomes of the rest of the fetch. Where the version can only be checked
+//! after the last byte (a local directory) nothing is tapped: the reader must be told
+//! `VersionChanged` cleanly, not given bytes of another version. The block is kept only once
+//! the whole of it arrived. Readers joining the flight, and reads from an upstream, get the
+//! whole block as before.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -204,7 +207,7 @@ impl Fetcher {
             return Ok(bytes);
         }
         let read = async {
-            match tap {
+            match tap.filter(|_| at.mount.ufs.checks_version_first()) {
                 Some(tap) => read_tapped(at, tap).await,
                 None => at.mount.ufs.read_range(&at.rel, at.range(), &at.key.version).await,
             }
@@ -348,11 +351,14 @@ mod tests {
         second: tokio::sync::Semaphore,
         break_next: std::sync::atomic::AtomicBool,
         reads: std::sync::atomic::AtomicUsize,
+        /// Says it refuses other versions up front (as a store with `If-Match`).
+        conditional: bool,
     }
 
     impl Default for HalvesUfs {
         fn default() -> Self {
-            Self { second: tokio::sync::Semaphore::new(0), break_next: false.into(), reads: 0.into() }
+            let second = tokio::sync::Semaphore::new(0);
+            Self { second, break_next: false.into(), reads: 0.into(), conditional: false }
         }
     }
 
@@ -371,6 +377,9 @@ mod tests {
             _version: &str,
         ) -> strata_ufs::Result<Bytes> {
             Ok(halves_of(range).concat().into())
+        }
+        fn checks_version_first(&self) -> bool {
+            self.conditional
         }
         fn read_stream<'a>(
             &'a self,
@@ -399,7 +408,7 @@ mod tests {
     #[tokio::test]
     async fn the_flier_s_tap_sees_each_piece_as_it_arrives_and_a_joiner_gets_the_whole_block() {
         let fetcher = Arc::new(fetcher(ClassGate::new(0, 0, 0)));
-        let ufs = Arc::new(HalvesUfs::default());
+        let ufs = Arc::new(HalvesUfs { conditional: true, ..HalvesUfs::default() });
         let mut at = located(&Arc::new(HeldUfs::default()), "halves");
         Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
         let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
@@ -437,7 +446,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_broken_midway_fails_the_fetch_after_its_tap_saw_a_piece_and_keeps_nothing() {
         let fetcher = fetcher(ClassGate::new(0, 0, 0));
-        let ufs = Arc::new(HalvesUfs::default());
+        let ufs = Arc::new(HalvesUfs { conditional: true, ..HalvesUfs::default() });
         let mut at = located(&Arc::new(HeldUfs::default()), "broken");
         Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
         ufs.break_next.store(true, Ordering::SeqCst);
@@ -450,6 +459,21 @@ mod tests {
         let (again, source) = fetcher.block(&at, Durability::WriteBack, whom).await.unwrap();
         assert_eq!((again.len(), source), (100, Source::Ufs), "fetched again, not kept broken");
         assert_eq!(ufs.reads.load(Ordering::SeqCst), 1, "the second fetch read the whole range at once");
+    }
+
+    #[tokio::test]
+    async fn a_store_that_checks_the_version_after_the_last_byte_is_not_tapped() {
+        let fetcher = fetcher(ClassGate::new(0, 0, 0));
+        let ufs = Arc::new(HalvesUfs::default());
+        let mut at = located(&Arc::new(HeldUfs::default()), "after");
+        Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
+        let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
+        let whom = FetchFor::Client(QosClass::Throughput);
+        let (bytes, _) = fetcher.block_tapped(&at, Durability::WriteBack, whom, Some(&tap)).await.unwrap();
+        drop(tap);
+        assert_eq!(bytes, Bytes::from(halves_of(0..100).concat()));
+        assert_eq!(pieces.recv().await, None, "read whole, as without a tap");
+        assert_eq!(ufs.reads.load(Ordering::SeqCst), 0, "not streamed");
     }
 
     fn fetcher(gate: ClassGate) -> Fetcher {

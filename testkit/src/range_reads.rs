@@ -100,6 +100,31 @@ impl Ufs for RangeCountingUfs {
         self.reads.record(path, &range);
         Ok(bytes)
     }
+
+    fn checks_version_first(&self) -> bool {
+        self.inner.checks_version_first()
+    }
+
+    // The inner UFS's own stream (what production reads piece by piece), recorded once it ended
+    // whole.
+    fn read_stream<'a>(
+        &'a self,
+        path: &'a str,
+        range: Range<u64>,
+        version: &'a str,
+    ) -> BoxStream<'a, Result<Bytes>> {
+        use futures::{StreamExt, TryStreamExt, future, stream};
+        let recorded = range.clone();
+        self.inner
+            .read_stream(path, range, version)
+            .map_ok(Some)
+            .chain(stream::once(async move {
+                self.reads.record(path, &recorded);
+                Ok(None)
+            }))
+            .try_filter_map(|piece| future::ready(Ok(piece)))
+            .boxed()
+    }
 }
 
 #[cfg(test)]

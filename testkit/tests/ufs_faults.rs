@@ -95,6 +95,38 @@ async fn a_cut_response_never_leaves_half_a_block_cached() {
     assert_eq!(c.ufs_reads(), 1, "now it is cached");
 }
 
+/// Cut-through on a store with `If-Match` (Garage): a cold read of a block's first 64 KiB is
+/// answered from the first bytes the store sends while the rest of the block is still held back
+/// (the UFS stream waits once 64 KiB went by); the block is kept only once it arrived whole.
+/// Without cut-through the read would wait for the whole block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cold_read_of_a_block_s_start_is_answered_before_the_block_is_in() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (c, _proxy) = setup(&[]).await;
+    let data = pattern(MIB, 5);
+    c.ufs.put("head.bin", data.clone()).await;
+    let client = c.client().await;
+    let info = client.stat("/data/head.bin").await.unwrap();
+    let gate = &c.faults().stream_gate;
+    gate.after_bytes.store(64 * 1024, SeqCst);
+    gate.held.store(true, SeqCst);
+    let head = client.read_range_of(&info, 0, 64 * 1024).await.expect("answered from the first bytes");
+    assert!(head[..] == data[..64 * 1024]);
+    // The fetch reaches the gate once it has passed the 64 KiB on, which the client may see first.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gate.waiting.load(SeqCst) != 1 {
+        assert!(Instant::now() < deadline, "the rest of the block is never held back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(c.ufs_reads(), 0, "the block has not arrived whole");
+    assert_eq!(c.worker(0).blocks.counters().cut_through_reads, 1);
+    gate.held.store(false, SeqCst);
+    gate.permits.add_permits(1);
+    let whole = client.read_range_of(&info, 0, MIB as u64).await.unwrap();
+    assert!(whole[..] == data[..], "the whole block");
+    assert_eq!(c.ufs_reads(), 1, "fetched once: the second read joined the flight or found the block");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unreachable_endpoints_and_wrong_credentials_fail_at_mount_time() {
     let (c, _proxy) = setup(&[]).await;

@@ -125,7 +125,9 @@ pub trait Ufs: Send + Sync + 'static {
     /// conditional reads) ends the stream with `VersionChanged` *after* the bytes of another
     /// version went by: a caller must not let anyone take the bytes as the file's before the
     /// stream ended without an error and with exactly `range`'s length. The default yields the
-    /// whole range at once.
+    /// whole range at once; a wrapper around another UFS must forward this (and
+    /// [`checks_version_first`](Self::checks_version_first)), or reads through it lose their
+    /// cut-through.
     fn read_stream<'a>(
         &'a self,
         path: &'a str,
@@ -133,6 +135,14 @@ pub trait Ufs: Send + Sync + 'static {
         version: &'a str,
     ) -> BoxStream<'a, Result<Bytes>> {
         futures::stream::once(self.read_range(path, range, version)).boxed()
+    }
+
+    /// Whether a read of another version is refused before its first byte (a conditional read:
+    /// `If-Match`), so every byte [`read_stream`](Self::read_stream) yields is of the version
+    /// asked even if the stream fails later. False (the default) when the version can only be
+    /// checked after the last byte.
+    fn checks_version_first(&self) -> bool {
+        false
     }
 
     /// Every file under `dir` (recursively; `dir` itself when it is a file), as a stream in an

@@ -336,6 +336,10 @@ impl Ufs for OpendalUfs {
         body.map_ok(Some).chain(check).try_filter_map(|piece| future::ready(Ok(piece))).boxed()
     }
 
+    fn checks_version_first(&self) -> bool {
+        self.conditional_reads
+    }
+
     fn lists_recursively(&self) -> bool {
         matches!(self.recursive_listing, RecursiveListing::Ordered { start_after: true })
     }

@@ -53,9 +53,14 @@ impl UfsCounters {
 pub struct UfsFaults {
     /// The next N reads fail with a temporary error.
     pub fail_next_reads: AtomicU64,
-    /// The next N streamed reads ([`Ufs::read_stream`]) fail with a temporary error after their
-    /// first piece: a store whose connection breaks in the middle of a body.
+    /// The next N streamed reads ([`Ufs::read_stream`]) yield the first half of their first
+    /// piece, then fail with a temporary error: a store whose connection breaks in the middle of
+    /// a body.
     pub break_next_streams: AtomicU64,
+    /// Says the store refuses other versions before the first byte
+    /// ([`Ufs::checks_version_first`]) whatever the inner UFS says: a local directory standing
+    /// in for an object store with `If-Match`.
+    pub claim_version_first: std::sync::atomic::AtomicBool,
     /// Holds streamed reads after their first piece, as a slow store would.
     pub stream_gate: StreamGate,
     /// Every read first sleeps this many milliseconds.
@@ -68,10 +73,11 @@ pub struct UfsFaults {
     pub refuse_next_copies: AtomicU64,
 }
 
-/// While `held`, every streamed read waits after its first piece (before its next piece, or its
-/// end) for a permit of `permits`, one per read.
+/// While `held`, every streamed read waits once it has yielded `after_bytes` (and at least one
+/// piece), before its next piece or its end, for a permit of `permits`, one per read.
 pub struct StreamGate {
     pub held: std::sync::atomic::AtomicBool,
+    pub after_bytes: AtomicU64,
     pub permits: tokio::sync::Semaphore,
     /// Streamed reads waiting at the gate now.
     pub waiting: AtomicU64,
@@ -79,7 +85,12 @@ pub struct StreamGate {
 
 impl Default for StreamGate {
     fn default() -> Self {
-        Self { held: false.into(), permits: tokio::sync::Semaphore::new(0), waiting: AtomicU64::new(0) }
+        Self {
+            held: false.into(),
+            after_bytes: AtomicU64::new(0),
+            permits: tokio::sync::Semaphore::new(0),
+            waiting: AtomicU64::new(0),
+        }
     }
 }
 
@@ -155,6 +166,10 @@ impl Ufs for CountingUfs {
         Ok(bytes)
     }
 
+    fn checks_version_first(&self) -> bool {
+        self.faults.claim_version_first.load(Ordering::SeqCst) || self.inner.checks_version_first()
+    }
+
     fn read_stream<'a>(
         &'a self,
         path: &'a str,
@@ -174,20 +189,27 @@ impl Ufs for CountingUfs {
             }
             let pieces = self.inner.read_stream(path, range, version);
             let pieces = if take(&self.faults.break_next_streams) {
-                let broken = UfsError::Temporary(format!("{path}: injected fault after the first piece"));
-                pieces.take(1).chain(stream::once(future::ready(Err(broken)))).boxed()
+                let broken = UfsError::Temporary(format!("{path}: injected fault in the first piece"));
+                let half = pieces.take(1).map_ok(|piece| piece.slice(..piece.len() / 2));
+                half.chain(stream::once(future::ready(Err(broken)))).boxed()
             } else {
                 pieces
             };
-            // The gate stands before the second item: the next piece, or the end of the stream.
+            // The gate stands before the first item (the next piece, or the end of the stream)
+            // after `after_bytes` went by.
             let gate = &self.faults.stream_gate;
-            let mut passed = 0usize;
+            let after = gate.after_bytes.load(Ordering::SeqCst);
+            let (mut yielded, mut pieces_yielded, mut gated) = (0u64, 0usize, false);
             let pieces = pieces
                 .map(Some)
                 .chain(stream::once(future::ready(None)))
                 .then(move |item| {
-                    passed += 1;
-                    let at_gate = passed == 2;
+                    let at_gate = !gated && pieces_yielded > 0 && yielded >= after;
+                    gated |= at_gate;
+                    if let Some(Ok(piece)) = &item {
+                        yielded += piece.len() as u64;
+                        pieces_yielded += 1;
+                    }
                     async move {
                         if at_gate {
                             gate.pass().await;
