@@ -304,16 +304,8 @@ impl BlockService {
     pub async fn read_payload_cached(&self, r: &BlockRead) -> Result<Option<Served>, ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
-        if let Some(id) = block::write_back_id(&r.version) {
-            let bytes = self.read_journal(r, &at, id).await?;
-            return Ok(Some(Served { payload: Payload::Bytes(bytes), source: Source::Nvme, key: at.key }));
-        }
-        if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
-            self.served(r.len);
-            self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
-            let payload =
-                Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
-            return Ok(Some(Served { payload, source: Source::Nvme, key: at.key }));
+        if let Some(served) = self.journal_or_verified_file(r, &at).await? {
+            return Ok(Some(served));
         }
         let range = r.offset..r.offset + r.len;
         let found = if r.len < at.block_len {
@@ -338,19 +330,30 @@ impl BlockService {
     ) -> Result<Served, ServeError> {
         let _foreground = self.qos.foreground();
         let at = self.locate_range(r).await?;
-        if let Some(id) = block::write_back_id(&r.version) {
-            let bytes = self.read_journal(r, &at, id).await?;
-            return Ok(Served { payload: Payload::Bytes(bytes), source: Source::Nvme, key: at.key });
-        }
-        if let Some(region) = self.cache.open_verified(&at.key, at.block_len) {
-            self.served(r.len);
-            self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
-            let payload =
-                Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
-            return Ok(Served { payload, source: Source::Nvme, key: at.key });
+        if let Some(served) = self.journal_or_verified_file(r, &at).await? {
+            return Ok(served);
         }
         let (bytes, source) = self.read_bytes(r, &at, class, tap).await?;
         Ok(Served { payload: Payload::Bytes(bytes), source, key: at.key })
+    }
+
+    /// The answers that come before any look-up of the block's bytes: a write-back file's from
+    /// its journal, and a verified NVMe block as its file (served without a copy, not promoted).
+    async fn journal_or_verified_file(
+        &self,
+        r: &BlockRead,
+        at: &Located,
+    ) -> Result<Option<Served>, ServeError> {
+        let key = at.key.clone();
+        if let Some(id) = block::write_back_id(&r.version) {
+            let bytes = self.read_journal(r, at, id).await?;
+            return Ok(Some(Served { payload: Payload::Bytes(bytes), source: Source::Nvme, key }));
+        }
+        let Some(region) = self.cache.open_verified(&at.key, at.block_len) else { return Ok(None) };
+        self.served(r.len);
+        self.counters.zero_copy_bytes.fetch_add(r.len, Ordering::Relaxed);
+        let payload = Payload::File { file: region.file, offset: region.data_offset + r.offset, len: r.len };
+        Ok(Some(Served { payload, source: Source::Nvme, key }))
     }
 
     /// The range as a verified NVMe block file (in DRAM as well or not), with the block's key:

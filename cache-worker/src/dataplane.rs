@@ -715,19 +715,15 @@ async fn serve_read<S: Connection>(
 ) -> std::io::Result<()> {
     let started = Instant::now();
     let read = block_read(req);
-    if plane.blocks.cut_through() {
-        match plane.blocks.read_payload_cached(&read).await {
-            Ok(None) => return serve_miss_cut_through(stream, plane, req, read, class, started).await,
-            found => {
-                plane.classes.step_aside(class).await;
-                let _place = plane.classes.acquire(class).await;
-                let found = found.map(|served| served.expect("a hit"));
-                return answer_read(stream, req, found, started).await;
-            }
-        }
-    }
     // A cold block's UFS fetch waits for a fetch place by class; the answer for an answer place.
-    let read = plane.blocks.read_payload(&read, class).await;
+    let read = if plane.blocks.cut_through() {
+        match plane.blocks.read_payload_cached(&read).await.transpose() {
+            Some(found) => found,
+            None => return serve_miss_cut_through(stream, plane, req, read, class, started).await,
+        }
+    } else {
+        plane.blocks.read_payload(&read, class).await
+    };
     plane.classes.step_aside(class).await;
     let _place = plane.classes.acquire(class).await;
     answer_read(stream, req, read, started).await

@@ -409,8 +409,7 @@ mod tests {
     async fn the_flier_s_tap_sees_each_piece_as_it_arrives_and_a_joiner_gets_the_whole_block() {
         let fetcher = Arc::new(fetcher(ClassGate::new(0, 0, 0)));
         let ufs = Arc::new(HalvesUfs { conditional: true, ..HalvesUfs::default() });
-        let mut at = located(&Arc::new(HeldUfs::default()), "halves");
-        Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
+        let at = located(&ufs, "halves");
         let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
         let flier = {
             let (fetcher, at) = (fetcher.clone(), at.clone());
@@ -447,8 +446,7 @@ mod tests {
     async fn a_stream_broken_midway_fails_the_fetch_after_its_tap_saw_a_piece_and_keeps_nothing() {
         let fetcher = fetcher(ClassGate::new(0, 0, 0));
         let ufs = Arc::new(HalvesUfs { conditional: true, ..HalvesUfs::default() });
-        let mut at = located(&Arc::new(HeldUfs::default()), "broken");
-        Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
+        let at = located(&ufs, "broken");
         ufs.break_next.store(true, Ordering::SeqCst);
         ufs.second.add_permits(2);
         let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
@@ -465,8 +463,7 @@ mod tests {
     async fn a_store_that_checks_the_version_after_the_last_byte_is_not_tapped() {
         let fetcher = fetcher(ClassGate::new(0, 0, 0));
         let ufs = Arc::new(HalvesUfs::default());
-        let mut at = located(&Arc::new(HeldUfs::default()), "after");
-        Arc::get_mut(&mut at.mount).unwrap().ufs = ufs.clone();
+        let at = located(&ufs, "after");
         let (tap, mut pieces) = tokio::sync::mpsc::unbounded_channel();
         let whom = FetchFor::Client(QosClass::Throughput);
         let (bytes, _) = fetcher.block_tapped(&at, Durability::WriteBack, whom, Some(&tap)).await.unwrap();
@@ -481,7 +478,7 @@ mod tests {
         Fetcher::new(cache, counters, Duration::from_secs(30), Arc::new(gate))
     }
 
-    fn located(ufs: &Arc<HeldUfs>, name: &str) -> Located {
+    fn located<U: Ufs>(ufs: &Arc<U>, name: &str) -> Located {
         let mount = Arc::new(WorkerMount {
             path: "/d".into(),
             uri: "held://".into(),

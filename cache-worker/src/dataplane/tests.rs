@@ -134,20 +134,8 @@ async fn response<S: AsyncRead + Unpin>(stream: &mut S) -> (ResponseHeader, Vec<
 
 /// A stat and a block read of `/d/f.bin`: what a normal client does.
 async fn normal_client(stream: &mut TcpStream) {
-    let (head, payload) = call(stream, &StatRequest { req_id: 1, path: "/d/f.bin".into() }.encode()).await;
-    assert!(head.status.is_ok(), "{head:?}: {}", String::from_utf8_lossy(&payload));
-    let stat = FileStat::decode(&payload).unwrap();
-    let read = ReadBlockRequest {
-        req_id: 2,
-        path: stat.path,
-        version: stat.version,
-        file_size: stat.size,
-        block_size: stat.block_size,
-        block_index: 0,
-        offset: 0,
-        len: stat.size,
-    };
-    let (head, payload) = call(stream, &read.encode()).await;
+    let read = whole_first_block(stream, "/d/f.bin", 1).await;
+    let (head, payload) = call(stream, &read).await;
     assert!(head.status.is_ok(), "{head:?}");
     assert_eq!(payload, OLD);
 }
