@@ -21,15 +21,16 @@ pub struct StrataReader {
     current: Option<(u64, Bytes)>,
     /// Fetches in flight for consecutive blocks, the first one being the next needed.
     pending: VecDeque<(u64, JoinHandle<Result<Bytes>>)>,
-    /// The block read before `current`, to tell sequential access from seeks.
-    last_index: Option<u64>,
+    /// The block the window was last sized for: a reader polled again while it waits for
+    /// that block must not grow the window again.
+    scheduled: Option<u64>,
     /// Blocks fetched ahead of the one needed now.
     window: u64,
 }
 
 impl StrataReader {
     pub(crate) fn new(client: Client, info: FileInfo) -> Self {
-        Self { client, info, pos: 0, current: None, pending: VecDeque::new(), last_index: None, window: 0 }
+        Self { client, info, pos: 0, current: None, pending: VecDeque::new(), scheduled: None, window: 0 }
     }
 
     /// The file (and version) this reader is pinned to.
@@ -53,12 +54,17 @@ impl StrataReader {
 
     /// Makes sure `index` is being fetched, and, for a sequential reader, the blocks after it.
     fn schedule(&mut self, index: u64) {
+        if self.scheduled == Some(index) {
+            return;
+        }
+        self.scheduled = Some(index);
         if self.pending.front().is_some_and(|(i, _)| *i != index) {
             for (_, task) in self.pending.drain(..) {
                 task.abort();
             }
         }
-        let sequential = self.last_index.is_some_and(|last| last + 1 == index);
+        // Sequential: the block needed now follows the one the reader has just finished.
+        let sequential = self.current.as_ref().is_some_and(|(current, _)| current + 1 == index);
         self.window = next_window(self.window, sequential, self.client.config().readahead_blocks as u64);
         let end = (index + 1 + self.window).min(self.block_count());
         let mut next = self.pending.back().map_or(index, |(i, _)| i + 1);
@@ -100,10 +106,16 @@ impl StrataReader {
             self.pending.pop_front();
             let bytes = match fetched {
                 Ok(Ok(bytes)) => bytes,
-                Ok(Err(e)) => return Poll::Ready(Err(e.into())),
-                Err(join) => return Poll::Ready(Err(io::Error::other(join))),
+                Ok(Err(e)) => {
+                    // A read again after an error fetches the block again.
+                    self.scheduled = None;
+                    return Poll::Ready(Err(e.into()));
+                }
+                Err(join) => {
+                    self.scheduled = None;
+                    return Poll::Ready(Err(io::Error::other(join)));
+                }
             };
-            self.last_index = self.current.as_ref().map(|(i, _)| *i);
             self.current = Some((index, bytes));
         }
     }
