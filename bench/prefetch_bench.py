@@ -11,6 +11,11 @@ way), which hints can approach but not pass. Reports files/s of each epoch, the 
 no hints and each cold epoch against the warm one, with the load average at the start and the
 end.
 
+With `--store-delay-ms D` every read of the store (the cluster's and the direct GETs) goes
+through `bench/delay_proxy.py`, which holds each request D ms before passing it on: a store
+across a network (S3 answers a small GET in 10-30 ms) rather than one sharing this machine's
+cores, where the store's CPU, not its round trips, sets the pace.
+
 Needs a Garage from scripts/garage.sh (STRATA_TEST_S3_* in the environment), a release `strata`
 binary (cargo build --release --bin strata; or --strata-bin), and `pip install ./python torch
 boto3`:
@@ -27,6 +32,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -35,6 +41,7 @@ import fsspec
 from botocore.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from delay_proxy import DelayProxy  # noqa: E402
 from small_files_bench import REPO, Standalone, env, threaded  # noqa: E402
 
 KiB = 1 << 10
@@ -101,14 +108,31 @@ def main():
     ap.add_argument("--memory", default="4GiB", help="DRAM tier of the standalone worker")
     ap.add_argument("--prefetch-parallelism", type=int,
                     help="the worker's prefetch fetches in flight (its prefetch_parallelism; default 16)")
+    ap.add_argument("--store-delay-ms", type=float, default=0.0,
+                    help="reach the store through a proxy that delays every request by this much "
+                         "(bench/delay_proxy.py), as a store across a network is; 0 = straight to it")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
 
     endpoint, bucket = env("STRATA_TEST_S3_ENDPOINT"), env("STRATA_TEST_S3_BUCKET")
     key, secret = env("STRATA_TEST_S3_ACCESS_KEY"), env("STRATA_TEST_S3_SECRET_KEY")
     region = os.environ.get("STRATA_TEST_S3_REGION", "garage")
-    boto = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
-                        region_name=region, config=Config(max_pool_connections=64))
+
+    def s3_client(url):
+        return boto3.client("s3", endpoint_url=url, aws_access_key_id=key, aws_secret_access_key=secret,
+                            region_name=region, config=Config(max_pool_connections=64))
+
+    boto = s3_client(endpoint)
+    # Objects are written straight to the store; every read (the direct GETs and the cluster's)
+    # goes through the delaying proxy when there is one.
+    proxy = None
+    read_endpoint = endpoint
+    if args.store_delay_ms > 0:
+        store = urllib.parse.urlsplit(endpoint)
+        proxy = DelayProxy(store.hostname, store.port, args.store_delay_ms)
+        read_endpoint = f"http://127.0.0.1:{proxy.port}"
+        print(f"reads reach the store through a proxy adding {args.store_delay_ms:g} ms per request", flush=True)
+    read_boto = s3_client(read_endpoint)
     prefix = f"pfbench-{uuid.uuid4().hex[:8]}"
     sets = [f"r{r}-{kind}" for r in range(args.rounds) for kind in ("plain", "hinted")]
     blob = os.urandom(args.size)
@@ -124,7 +148,7 @@ def main():
     # What the store itself serves: the first set's objects read straight from Garage with
     # boto3, 32 at a time (not through Strata, so the epochs still start cold).
     def get(k):
-        return len(boto.get_object(Bucket=bucket, Key=k)["Body"].read())
+        return len(read_boto.get_object(Bucket=bucket, Key=k)["Body"].read())
 
     direct_keys = keys[: args.files]
     direct_seconds, _ = threaded(get, direct_keys, 32)
@@ -135,7 +159,7 @@ def main():
     cluster = Standalone(args.strata_bin, args.memory, tuned)
     results = []
     try:
-        cluster.cli("mount", "add", "/bench", f"s3://{bucket}/{prefix}", "-o", f"endpoint={endpoint}",
+        cluster.cli("mount", "add", "/bench", f"s3://{bucket}/{prefix}", "-o", f"endpoint={read_endpoint}",
                     "-o", f"region={region}", "-o", f"access_key_id={key}", "-o", f"secret_access_key={secret}",
                     "-o", "metadata_ttl=10m")
         fs = fsspec.filesystem("strata", master=cluster.master, skip_instance_cache=True)
@@ -156,10 +180,13 @@ def main():
             print(f"  round {r} warm     {seconds:7.2f}s {n / seconds:8.0f} files/s (the ceiling)", flush=True)
     finally:
         cluster.stop()
+        if proxy:
+            proxy.close()
     load_end = os.getloadavg()
     print(f"\nload average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end; "
           f"{args.files} x {args.size // KiB} KiB, {args.workers} DataLoader workers, lookahead {args.lookahead}, "
-          f"prefetch_parallelism {args.prefetch_parallelism or 'default (16)'}")
+          f"prefetch_parallelism {args.prefetch_parallelism or 'default (16)'}, "
+          f"store delay {args.store_delay_ms:g} ms")
     print("| round | no hints files/s | hints files/s | hints / no hints | warm (ceiling) files/s "
           "| no hints / warm | hints / warm |\n| --- | --- | --- | --- | --- | --- | --- |")
     for r in range(args.rounds):

@@ -34,6 +34,8 @@ stratafs_tests() {
   # The small-file benchmark at a smoke size (debug build, Garage): it runs and reads back every
   # file; its figures come from release builds on a quiet machine (docs/BENCHMARKS.md).
   "$py" bench/small_files_bench.py --files 300 --strata-bin "$root/target/debug/strata" --memory 256MiB || return 1
-  # The prefetch benchmark likewise: a cold shuffled epoch with and without hints, read back whole.
-  "$py" bench/prefetch_bench.py --files 300 --rounds 1 --strata-bin "$root/target/debug/strata" --memory 256MiB
+  # The prefetch benchmark likewise: a cold shuffled epoch with and without hints, read back whole,
+  # with the store reached through the proxy that delays each request (bench/delay_proxy.py).
+  "$py" bench/prefetch_bench.py --files 300 --rounds 1 --strata-bin "$root/target/debug/strata" --memory 256MiB \
+    --store-delay-ms 5
 }
