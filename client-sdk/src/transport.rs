@@ -1021,6 +1021,8 @@ mod faulty {
         pub frozen: Mutex<Vec<String>>,
         /// The next N reads (to any address) fail.
         pub fail_next: AtomicU64,
+        /// The highest block index asked so far, to any address: what a reader fetched ahead.
+        pub highest_block_asked: AtomicU64,
     }
 
     impl FaultyTransport {
@@ -1030,13 +1032,16 @@ mod faulty {
                 down: Mutex::new(Vec::new()),
                 frozen: Mutex::new(Vec::new()),
                 fail_next: AtomicU64::new(0),
+                highest_block_asked: AtomicU64::new(0),
             }
         }
     }
 
     impl FaultyTransport {
-        /// The injected failure for a read to `addr`, if any.
-        fn check(&self, addr: &str) -> Result<(), TransportError> {
+        /// Notes the blocks `reqs` ask for; the injected failure for a read to `addr`, if any.
+        fn check(&self, addr: &str, reqs: &[ReadBlockRequest]) -> Result<(), TransportError> {
+            let highest = reqs.iter().map(|r| r.block_index).max().unwrap_or(0);
+            self.highest_block_asked.fetch_max(highest, Ordering::SeqCst);
             let refused = || TransportError::Connect {
                 addr: addr.to_string(),
                 source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "injected fault"),
@@ -1065,7 +1070,7 @@ mod faulty {
             addr: &str,
             req: &ReadBlockRequest,
         ) -> Result<(Bytes, Source), TransportError> {
-            self.check(addr)?;
+            self.check(addr, std::slice::from_ref(req))?;
             self.freeze(addr).await;
             self.inner.read_block(addr, req).await
         }
@@ -1076,7 +1081,7 @@ mod faulty {
             req: &ReadBlockRequest,
             dst: &mut [u8],
         ) -> Result<Source, TransportError> {
-            self.check(addr)?;
+            self.check(addr, std::slice::from_ref(req))?;
             self.freeze(addr).await;
             self.inner.read_block_into(addr, req, dst).await
         }
@@ -1091,7 +1096,7 @@ mod faulty {
             addr: &'a str,
             reqs: &'a [ReadBlockRequest],
         ) -> BoxStream<'a, Result<(Bytes, Source), TransportError>> {
-            if let Err(e) = self.check(addr) {
+            if let Err(e) = self.check(addr, reqs) {
                 return futures::stream::once(std::future::ready(Err(e))).boxed();
             }
             futures::stream::once(self.freeze(addr))

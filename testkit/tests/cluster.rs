@@ -658,48 +658,11 @@ mod raw_frames {
     }
 }
 
-/// The highest block index a client asked any worker for, seen around its real TCP transport.
-struct HighestBlockAsked {
-    inner: std::sync::Arc<dyn strata_client::Transport>,
-    highest: std::sync::atomic::AtomicU64,
-}
-
-impl HighestBlockAsked {
-    fn saw(&self, req: &strata_common::frame::ReadBlockRequest) {
-        self.highest.fetch_max(req.block_index, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    fn highest(&self) -> u64 {
-        self.highest.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl strata_client::Transport for HighestBlockAsked {
-    async fn read_block(
-        &self,
-        addr: &str,
-        req: &strata_common::frame::ReadBlockRequest,
-    ) -> Result<(bytes::Bytes, strata_common::frame::Source), strata_client::TransportError> {
-        self.saw(req);
-        self.inner.read_block(addr, req).await
-    }
-
-    async fn read_block_into(
-        &self,
-        addr: &str,
-        req: &strata_common::frame::ReadBlockRequest,
-        dst: &mut [u8],
-    ) -> Result<strata_common::frame::Source, strata_client::TransportError> {
-        self.saw(req);
-        self.inner.read_block_into(addr, req, dst).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sequential_reader_fetches_ahead_and_its_window_doubles_with_each_block() {
     use std::sync::Arc;
-    use strata_client::{Client, Credentials, Dial, TcpTransport};
+    use std::sync::atomic::Ordering;
+    use strata_client::{Client, Credentials, Dial, FaultyTransport, TcpTransport};
 
     let cluster = Cluster::start(ClusterOptions::default()).await;
     let blocks = 24;
@@ -712,10 +675,9 @@ async fn a_sequential_reader_fetches_ahead_and_its_window_doubles_with_each_bloc
         tls: None,
         credentials: Credentials::token(config.token.as_ref().map(|t| t.0.as_str())),
     };
-    let asked = Arc::new(HighestBlockAsked {
-        inner: Arc::new(TcpTransport::new(dial, config.request_timeout)),
-        highest: 0.into(),
-    });
+    // Injects no fault: it records the highest block asked around the real TCP transport.
+    let asked = Arc::new(FaultyTransport::new(Arc::new(TcpTransport::new(dial, config.request_timeout))));
+    let highest = || asked.highest_block_asked.load(Ordering::SeqCst);
     let client = Client::connect_with_transport(config, asked.clone()).await.unwrap();
     let mut reader = client.open("/data/ahead.bin").await.unwrap();
     assert_eq!(reader.info().block_size, MIB as u64, "the harness mounts /data with 1 MiB blocks");
@@ -726,18 +688,18 @@ async fn a_sequential_reader_fetches_ahead_and_its_window_doubles_with_each_bloc
         got.extend_from_slice(&reader.next_chunk().await.unwrap().expect("a block"));
     }
     eventually("the reader fetches four blocks past block 3", Duration::from_secs(10), || async {
-        asked.highest() >= 7
+        highest() >= 7
     })
     .await;
     // The next one doubles the window to the client's limit of 8 blocks ahead.
     got.extend_from_slice(&reader.next_chunk().await.unwrap().expect("a block"));
     eventually("the reader fetches eight blocks past block 4", Duration::from_secs(10), || async {
-        asked.highest() >= 12
+        highest() >= 12
     })
     .await;
     while let Some(chunk) = reader.next_chunk().await.unwrap() {
         got.extend_from_slice(&chunk);
     }
     assert!(got == data, "the bytes read ahead are the file's");
-    assert_eq!(asked.highest(), blocks as u64 - 1, "nothing is asked past the last block");
+    assert_eq!(highest(), blocks as u64 - 1, "nothing is asked past the last block");
 }
