@@ -112,14 +112,18 @@ async fn a_cold_read_of_a_block_s_start_is_answered_before_the_block_is_in() {
     gate.held.store(true, SeqCst);
     let head = client.read_range_of(&info, 0, 64 * 1024).await.expect("answered from the first bytes");
     assert!(head[..] == data[..64 * 1024]);
-    // The fetch reaches the gate once it has passed the 64 KiB on, which the client may see first.
+    // The fetch reaches the gate once it has passed the 64 KiB on, and the worker counts the
+    // answer once its last byte is written: the client may see the bytes before either.
     let deadline = Instant::now() + Duration::from_secs(10);
     while gate.waiting.load(SeqCst) != 1 {
         assert!(Instant::now() < deadline, "the rest of the block is never held back");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    while c.worker(0).blocks.counters().cut_through_reads != 1 {
+        assert!(Instant::now() < deadline, "the cut-through answer is never counted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(c.ufs_reads(), 0, "the block has not arrived whole");
-    assert_eq!(c.worker(0).blocks.counters().cut_through_reads, 1);
     gate.held.store(false, SeqCst);
     gate.permits.add_permits(1);
     let whole = client.read_range_of(&info, 0, MIB as u64).await.unwrap();
