@@ -39,6 +39,7 @@ use rand::Rng;
 use serde_json::{Value, json};
 use strata_bench::{direct_read, put_pattern_object};
 use strata_client::{Client, FileInfo, QosClass};
+use strata_common::sched::ThreadPriority;
 use strata_testkit::{Cluster, ClusterOptions, TestUfs, fill_pattern};
 use strata_worker::WorkerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -120,6 +121,14 @@ struct Args {
     /// of its own), at the priority of the worker's latency lane. Negative values need root.
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     qos_reader_nice: i32,
+    /// The scheduling slice, in microseconds, the measured reader's thread and the plain-thread
+    /// ceiling's threads ask the kernel for (as the worker's latency lane does with
+    /// `qos_latency_slice_us`); 0 keeps the kernel's default.
+    #[arg(long, default_value_t = 0)]
+    qos_reader_slice_us: u64,
+    /// The workers' `qos_latency_slice_us`; unset: the worker's default.
+    #[arg(long)]
+    qos_lane_slice_us: Option<u32>,
     /// Workers answer a cold read only once its whole block is in (their `cut_through = false`),
     /// to compare with cut-through (the default).
     #[arg(long)]
@@ -193,6 +202,9 @@ async fn main() {
         // For the co-located row; the TCP rows' client turns short-circuit off.
         local_sockets: !args.no_short_circuit,
         qos_slots: args.qos_slots.unwrap_or(strata_worker::classes::DEFAULT_QOS_SLOTS),
+        qos_latency_slice_us: args
+            .qos_lane_slice_us
+            .unwrap_or(strata_worker::config::DEFAULT_QOS_LATENCY_SLICE_US),
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(opts, ufs).await;
@@ -363,7 +375,10 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
     let (latency, same, flood) =
         (config_in(QosClass::Latency), config_in(QosClass::Throughput), config_in(QosClass::Throughput));
     let lane = cluster.worker(0).latency_lane.clone();
-    let nice = args.qos_reader_nice;
+    let nice = ThreadPriority {
+        nice: args.qos_reader_nice,
+        slice: (args.qos_reader_slice_us != 0).then(|| Duration::from_micros(args.qos_reader_slice_us)),
+    };
     let p99 = |l: &Latencies| l.percentile_us(99.0) as f64;
     let mut runs = Vec::new();
     let (mut alone, mut with_lane, mut without_lane, mut same_class) = (vec![], vec![], vec![], vec![]);
@@ -427,7 +442,8 @@ async fn qos_rows(args: &Args, cluster: &Cluster, info: &FileInfo, run_for: Dura
             ceiling: alone,
             extra: json!({
                 "runs": runs, "worker_classes": format!("{counters:?}"), "lane_moved": lane.moved(),
-                "reader_nice": nice,
+                "reader_nice": nice.nice, "reader_slice_us": args.qos_reader_slice_us,
+                "lane_slice_us": args.qos_lane_slice_us,
             }),
         },
         Row {
@@ -471,9 +487,9 @@ fn reads_on_own_runtime(
     config: strata_client::ClientConfig,
     info: FileInfo,
     run_for: Duration,
-    nice: i32,
+    nice: ThreadPriority,
 ) -> Latencies {
-    on_thread_at_nice(nice, move || reads_on_runtime(config, info, run_for))
+    on_thread_at(nice, move || reads_on_runtime(config, info, run_for))
 }
 
 fn reads_on_runtime(config: strata_client::ClientConfig, info: FileInfo, run_for: Duration) -> Latencies {
@@ -967,40 +983,32 @@ async fn random_reads(
 
 /// Request/answer exchanges between two plain threads over loopback TCP: 32 bytes asked, `len`
 /// answered, one at a time, for `run_for`.
-fn thread_exchanges(len: u64, run_for: Duration, nice: i32) -> Latencies {
-    on_thread_at_nice(nice, move || exchanges(len, run_for, nice))
+fn thread_exchanges(len: u64, run_for: Duration, nice: ThreadPriority) -> Latencies {
+    on_thread_at(nice, move || exchanges(len, run_for, nice))
 }
 
-/// Runs `f` on a new thread at scheduling priority `nice` (0: as created) and returns its result.
-fn on_thread_at_nice<T: Send + 'static>(nice: i32, f: impl FnOnce() -> T + Send + 'static) -> T {
+/// Runs `f` on a new thread scheduled at `priority` and returns its result.
+fn on_thread_at<T: Send + 'static>(priority: ThreadPriority, f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
-        set_thread_nice(nice);
+        set_thread_priority(priority);
         f()
     })
     .join()
     .expect("measuring thread")
 }
 
-fn set_thread_nice(nice: i32) {
-    if nice == 0 {
-        return;
+fn set_thread_priority(priority: ThreadPriority) {
+    if let Err(e) = priority.apply_to_current_thread() {
+        panic!("{e} (negative nice values need root)");
     }
-    // SAFETY: setpriority on this thread's own id changes nothing but its priority.
-    let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    assert_eq!(
-        set,
-        0,
-        "cannot set nice {nice}: {} (negative values need root)",
-        std::io::Error::last_os_error()
-    );
 }
 
-fn exchanges(len: u64, run_for: Duration, nice: i32) -> Latencies {
+fn exchanges(len: u64, run_for: Duration, nice: ThreadPriority) -> Latencies {
     use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let server = std::thread::spawn(move || {
-        set_thread_nice(nice);
+        set_thread_priority(nice);
         let (mut s, _) = listener.accept().expect("accept");
         s.set_nodelay(true).expect("nodelay");
         let answer = vec![7u8; len as usize];

@@ -159,6 +159,11 @@ pub struct WorkerConfig {
     /// Scheduling priority (nice, -20..=19) of the latency lane's thread; below 0 needs
     /// `CAP_SYS_NICE`, without which the thread keeps the default. Default -10.
     pub qos_latency_nice: i32,
+    /// Scheduling slice, in microseconds, the latency lane's thread asks the kernel for
+    /// (100..=100000; 0 keeps the kernel's default). A waking thread with a shorter slice than
+    /// the running one's takes the core at once on Linux 6.12 and later; a higher priority
+    /// alone does not (docs/QOS.md). Needs no privilege. Default 100.
+    pub qos_latency_slice_us: u32,
 }
 
 /// A tier's watermarks, in percent of its capacity.
@@ -302,6 +307,7 @@ impl Default for WorkerConfig {
             ufs_fetch_slots: crate::classes::DEFAULT_UFS_FETCH_SLOTS,
             qos_latency_thread: true,
             qos_latency_nice: DEFAULT_QOS_LATENCY_NICE,
+            qos_latency_slice_us: DEFAULT_QOS_LATENCY_SLICE_US,
         }
     }
 }
@@ -310,13 +316,32 @@ impl Default for WorkerConfig {
 /// an operator may keep for the host's own daemons.
 pub const DEFAULT_QOS_LATENCY_NICE: i32 = -10;
 
+/// The latency lane thread's slice: the shortest the kernel grants, so it preempts any thread
+/// on a default slice when its request arrives. A lane answer takes tens of microseconds.
+pub const DEFAULT_QOS_LATENCY_SLICE_US: u32 = 100;
+
 impl WorkerConfig {
     /// Refuses a `qos_latency_nice` the kernel has no such priority for.
     pub fn check_qos(&self) -> Result<(), String> {
         if !(-20..=19).contains(&self.qos_latency_nice) {
             return Err(format!("qos_latency_nice = {}: must be between -20 and 19", self.qos_latency_nice));
         }
+        let slice = self.qos_latency_slice_us;
+        if slice != 0 && !(100..=100_000).contains(&slice) {
+            return Err(format!(
+                "qos_latency_slice_us = {slice}: must be 0 (the kernel's default) or between 100 and 100000"
+            ));
+        }
         Ok(())
+    }
+
+    /// What the latency lane's thread asks of the scheduler.
+    pub fn qos_latency_priority(&self) -> strata_common::sched::ThreadPriority {
+        strata_common::sched::ThreadPriority {
+            nice: self.qos_latency_nice,
+            slice: (self.qos_latency_slice_us != 0)
+                .then(|| std::time::Duration::from_micros(self.qos_latency_slice_us.into())),
+        }
     }
 
     /// The token this worker presents: `token`, else the one in `token_file`, else none.
@@ -362,6 +387,11 @@ mod tests {
         assert!(c.check_qos().is_ok());
         let bad_nice = WorkerConfig { qos_latency_nice: -21, ..WorkerConfig::default() };
         assert!(bad_nice.check_qos().unwrap_err().contains("qos_latency_nice = -21"));
+        let bad_slice = WorkerConfig { qos_latency_slice_us: 50, ..WorkerConfig::default() };
+        assert!(bad_slice.check_qos().unwrap_err().contains("qos_latency_slice_us = 50"));
+        let no_slice = WorkerConfig { qos_latency_slice_us: 0, ..WorkerConfig::default() };
+        assert_eq!(no_slice.check_qos(), Ok(()));
+        assert_eq!(no_slice.qos_latency_priority().slice, None);
         let bad = Watermarks { memory: Watermark { high: 80, low: 90 }, ..Watermarks::default() };
         assert!(bad.check().unwrap_err().contains("watermarks.memory"));
     }

@@ -354,7 +354,7 @@ impl Worker {
         let prefetch = Arc::new(prefetch::Prefetcher::default());
         let classes = Arc::new(classes::ClassGate::with_slots(config.qos_slots));
         let latency_lane =
-            Arc::new(dataplane::LatencyLane::new(config.qos_latency_thread, config.qos_latency_nice));
+            Arc::new(dataplane::LatencyLane::new(config.qos_latency_thread, config.qos_latency_priority()));
         let plane = dataplane::DataPlane {
             blocks: blocks.clone(),
             grants: grants.clone(),

@@ -113,7 +113,7 @@ pub async fn start_with_clock(
         classes: Arc::new(crate::classes::ClassGate::default()),
         latency_lane: Arc::new(dataplane::LatencyLane::new(
             config.qos_latency_thread,
-            config.qos_latency_nice,
+            config.qos_latency_priority(),
         )),
     };
     let dp = tokio::spawn(dataplane::serve_unix(listener, plane, cancel.clone()));

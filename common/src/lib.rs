@@ -16,6 +16,7 @@ pub mod mount_options;
 pub mod path;
 pub mod qos;
 pub mod ring;
+pub mod sched;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod units;

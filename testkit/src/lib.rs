@@ -56,6 +56,8 @@ pub struct ClusterOptions {
     pub local_sockets: bool,
     /// Each worker's `qos_slots` (answers sent at once before the rest wait by class).
     pub qos_slots: usize,
+    /// Each worker's `qos_latency_slice_us` (its latency lane thread's scheduling slice).
+    pub qos_latency_slice_us: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +89,7 @@ impl Default for ClusterOptions {
             handoff_bandwidth: strata_worker::handoff::DEFAULT_HANDOFF_BANDWIDTH,
             local_sockets: false,
             qos_slots: strata_worker::classes::DEFAULT_QOS_SLOTS,
+            qos_latency_slice_us: strata_worker::config::DEFAULT_QOS_LATENCY_SLICE_US,
         }
     }
 }
@@ -166,6 +169,7 @@ impl Cluster {
                 handoff_bandwidth: opts.handoff_bandwidth,
                 socket_path: opts.local_sockets.then(|| state_dir.path().join(format!("worker-{i}.sock"))),
                 qos_slots: opts.qos_slots,
+                qos_latency_slice_us: opts.qos_latency_slice_us,
                 ..WorkerConfig::default()
             })
             .collect();

@@ -20,6 +20,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use strata_common::sched::ThreadPriority;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -55,7 +56,7 @@ pub(crate) struct Moving {
 /// The lane of one worker (or sidecar).
 pub struct LatencyLane {
     enabled: AtomicBool,
-    nice: i32,
+    priority: ThreadPriority,
     running: Mutex<Option<Running>>,
     moved: AtomicU64,
 }
@@ -68,10 +69,15 @@ struct Running {
 
 impl LatencyLane {
     /// A lane that is used (`enabled`) or not (latency connections then stay on the shared
-    /// runtime, where only the class gate orders them), its thread at scheduling priority
-    /// `nice` (`qos_latency_nice`).
-    pub fn new(enabled: bool, nice: i32) -> Self {
-        Self { enabled: AtomicBool::new(enabled), nice, running: Mutex::new(None), moved: AtomicU64::new(0) }
+    /// runtime, where only the class gate orders them), its thread scheduled at `priority`
+    /// (`qos_latency_nice`, `qos_latency_slice_us`).
+    pub fn new(enabled: bool, priority: ThreadPriority) -> Self {
+        Self {
+            enabled: AtomicBool::new(enabled),
+            priority,
+            running: Mutex::new(None),
+            moved: AtomicU64::new(0),
+        }
     }
 
     /// Whether new latency connections move to the lane (those already there stay).
@@ -143,11 +149,16 @@ impl LatencyLane {
             return Ok(r.handle.clone());
         }
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let nice = self.nice;
+        let priority = self.priority;
         let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new().name("strata-latency".into()).spawn(move || {
-            set_thread_nice(nice);
+            // The kernel then runs the thread ahead of the shared runtime's threads when its
+            // request arrives, rather than after their slices: on a host whose cores a flood
+            // keeps busy, that is most of a latency answer's wait (docs/QOS.md).
+            if let Err(err) = priority.apply_to_current_thread() {
+                warn!(%err, "the latency lane's thread keeps part of the default scheduling");
+            }
             // Returns when the lane is dropped; dropping the runtime then ends what is left.
             runtime.block_on(async {
                 let _ = stopped.await;
@@ -158,42 +169,27 @@ impl LatencyLane {
     }
 }
 
-/// Gives the calling thread the scheduling priority `nice` (0 leaves it as it is). The kernel
-/// then runs it ahead of the shared runtime's threads when its request arrives, rather than
-/// after their time slices: on a host whose cores a flood keeps busy, that is most of a
-/// latency answer's wait. Lowering nice below 0 needs `CAP_SYS_NICE`; without it the lane runs
-/// at the default priority and says so once.
-fn set_thread_nice(nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    // SAFETY: plain syscalls on the calling thread's own id; no memory is passed.
-    let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    if set != 0 {
-        let err = std::io::Error::last_os_error();
-        warn!(nice, %err, "cannot set the latency lane's priority (needs CAP_SYS_NICE below 0); it runs at the default");
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use strata_common::sched::{current_thread_nice, current_thread_slice};
+
     use super::*;
 
     /// The lane's thread runs at the configured priority where the process may set it (root or
     /// `CAP_SYS_NICE`), and at the default where it may not, serving either way.
     #[test]
     fn the_lane_thread_runs_at_its_priority_and_starts_once() {
-        let lane = LatencyLane::new(true, -5);
+        let slice = std::time::Duration::from_micros(100);
+        let lane = LatencyLane::new(true, ThreadPriority { nice: -5, slice: Some(slice) });
         let first = lane.handle().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         first.spawn(async move {
-            // SAFETY: reads the calling thread's own priority.
-            let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
             let name = std::thread::current().name().map(str::to_string);
-            tx.send((nice, name)).unwrap();
+            tx.send((current_thread_nice().unwrap(), current_thread_slice().unwrap(), name)).unwrap();
         });
-        let (nice, name) = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+        let (nice, thread_slice, name) = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
         assert_eq!(name.as_deref(), Some("strata-latency"));
+        assert_eq!(thread_slice, slice, "a slice needs no privilege");
         // SAFETY: reads this process's effective user id.
         let privileged = unsafe { libc::geteuid() } == 0;
         if privileged {

@@ -86,7 +86,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
         handoff: None,
         prefetch: None,
         classes: Arc::new(crate::classes::ClassGate::default()),
-        latency_lane: Arc::new(crate::dataplane::LatencyLane::new(true, 0)),
+        latency_lane: Arc::new(crate::dataplane::LatencyLane::new(true, Default::default())),
         // Limits and deadlines are what these tests are about: every peer is admitted by the
         // token check (tokens are tested in auth and testkit/tests/auth.rs).
         auth: Arc::new(crate::auth::PeerAuth::open()),
