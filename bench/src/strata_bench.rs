@@ -999,7 +999,7 @@ fn on_thread_at<T: Send + 'static>(priority: ThreadPriority, f: impl FnOnce() ->
 
 fn set_thread_priority(priority: ThreadPriority) {
     if let Err(e) = priority.apply_to_current_thread() {
-        panic!("{e} (negative nice values need root)");
+        panic!("{e}");
     }
 }
 

@@ -153,9 +153,9 @@ impl LatencyLane {
         let handle = runtime.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new().name("strata-latency".into()).spawn(move || {
-            // The kernel then runs the thread ahead of the shared runtime's threads when its
-            // request arrives, rather than after their slices: on a host whose cores a flood
-            // keeps busy, that is most of a latency answer's wait (docs/QOS.md).
+            // So the kernel runs this thread when its request arrives rather than after the
+            // shared runtime's threads' slices: on a host whose cores a flood keeps busy, that
+            // wait is most of a latency answer's (docs/QOS.md).
             if let Err(err) = priority.apply_to_current_thread() {
                 warn!(%err, "the latency lane's thread keeps part of the default scheduling");
             }
