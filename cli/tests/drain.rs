@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use strata_client::{Client, ClientConfig, Token};
 
-mod common;
+use crate::common;
 use common::{admin_token_file, master_args, run_against, spawn_logged, ufs_files, wait_for, worker_args};
 
 const FILES: usize = 30;

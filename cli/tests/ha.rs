@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 use common::{Proc, admin_token_file, free_port, strata, wait_for, worker_token_file};
 
 /// Leader lease of the masters under test (the default is 5 s; shorter keeps the tests quick).

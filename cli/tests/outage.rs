@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use strata_testkit::pattern;
 use strata_testkit::strata_client::{Client, ClientConfig};
 
-mod common;
+use crate::common;
 use common::{Proc, admin_token_file, spawn_until, strata, worker_token_file};
 
 fn signal(child: &Child, sig: &str) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 use strata_testkit::{TestUfs, Tmpfs, pattern};
 
-mod common;
+use crate::common;
 use common::{Proc, master_args, spawn_logged, wait_for, worker_token_file};
 
 /// `strata` as [`common::strata`], logging at info level (the tests read the logs).
