@@ -11,7 +11,7 @@ use std::time::Duration;
 use strata_client::{Client, QosClass};
 use strata_common::ErrorKind;
 use strata_common::frame::{self, RESPONSE_HEADER_LEN, ResponseHeader};
-use strata_testkit::{Cluster, ClusterOptions, eventually, first_block_read, pattern};
+use strata_testkit::{Cluster, ClusterOptions, ClusterTls, eventually, first_block_read, pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn client_in(cluster: &Cluster, qos: QosClass) -> Client {
@@ -93,9 +93,24 @@ async fn a_latency_reader_never_waits_behind_a_throughput_flood() {
 /// since it moved to the lane's thread; a throughput client's, on the shared runtime, waits.
 #[test]
 fn a_latency_connection_is_answered_while_the_shared_runtime_is_stuck() {
+    latency_connection_answered_while_the_shared_runtime_is_stuck(None);
+}
+
+/// The same over TLS: the connection moves with its TLS session.
+#[test]
+fn a_latency_tls_connection_is_answered_while_the_shared_runtime_is_stuck() {
+    let pki = Arc::new(strata_testkit::tls::TestPki::new());
+    latency_connection_answered_while_the_shared_runtime_is_stuck(Some(ClusterTls {
+        pki,
+        client_auth: false,
+    }));
+}
+
+fn latency_connection_answered_while_the_shared_runtime_is_stuck(tls: Option<ClusterTls>) {
     let shared =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let cluster = shared.block_on(Cluster::start(ClusterOptions { workers: 1, ..ClusterOptions::default() }));
+    let cluster =
+        shared.block_on(Cluster::start(ClusterOptions { workers: 1, tls, ..ClusterOptions::default() }));
     let small = pattern(4096, 5);
     cluster.write_file("small.bin", &small);
     // The clients on a runtime of their own, as in another process.

@@ -95,14 +95,16 @@ async fn a_tls_cluster_serves_exact_bytes_on_both_planes() {
     assert!(std::fs::read(cluster.ufs.dir().join("out/new.bin")).unwrap() == written);
     assert!(client.read_all("/data/out/new.bin").await.unwrap()[..] == written[..]);
 
-    // A latency-class client's TLS connections stay on the shared runtime (the TLS session
-    // cannot move to the latency lane) and are served there.
+    // A latency-class client's TLS connections move to the latency lane with their sessions,
+    // and are served exact bytes there.
     let mut config = cluster.client_config();
     config.qos = strata_client::QosClass::Latency;
     let latency = Client::connect(config).await.unwrap();
     assert!(latency.read_all("/data/big.bin").await.unwrap()[..] == data[..], "latency-class read differs");
+    let got = latency.read_range("/data/big.bin", MIB as u64 - 5, 2 * MIB as u64).await.unwrap();
+    assert!(got[..] == data[MIB - 5..3 * MIB - 5], "latency-class range differs");
     let moved: u64 = (0..cluster.worker_count()).map(|i| cluster.worker(i).latency_lane.moved()).sum();
-    assert_eq!(moved, 0);
+    assert!(moved > 0, "no TLS connection moved to the latency lane");
     let served: u64 = (0..cluster.worker_count())
         .map(|i| cluster.worker(i).classes.counters()[strata_client::QosClass::Latency as usize].served)
         .sum();

@@ -10,9 +10,9 @@
 //!
 //! A connection moves after its `Class` frame: its socket is taken out of the shared runtime's
 //! reactor and registered with the lane's, with its deadlines, its admission place and its
-//! authenticated session. TLS connections stay where they are (rustls' state does not move
-//! between streams); so does everything a latency request starts that is not its own answer —
-//! a cold block's UFS fetch joins the single flight wherever it runs.
+//! authenticated session. A TLS connection moves whole: its socket changes reactors inside the
+//! stream that keeps its TLS session. Everything a latency request starts that is not its own
+//! answer stays — a cold block's UFS fetch joins the single flight wherever it runs.
 //!
 //! The thread starts with the first latency connection, so a worker no latency client uses
 //! never has it, and stops when the last connection on it ends after the worker dropped it.
@@ -34,13 +34,18 @@ use crate::metrics_defs as m;
 pub(crate) enum Portable {
     Tcp(std::net::TcpStream),
     Unix(std::os::unix::net::UnixStream),
+    /// A TLS connection's socket and the stream that holds its session, waiting for it.
+    Tls {
+        socket: std::net::TcpStream,
+        session: Box<super::TlsConnection>,
+    },
 }
 
 /// What [`Connection::portable`](super::Connection::portable) made of a connection.
 pub(crate) enum Portability<S> {
     /// The socket, out of its runtime's reactor.
     Moved(Portable),
-    /// A kind of connection that cannot move (TLS): served where it is.
+    /// A kind of connection that does not move: served where it is.
     Stays(S),
     /// Taking it out of the reactor failed: the connection is closed.
     Failed(std::io::Error),
@@ -128,6 +133,9 @@ impl LatencyLane {
                     }
                     Portable::Unix(s) => {
                         connection(timed.rejoin(tokio::net::UnixStream::from_std(s)?), plane, state).await
+                    }
+                    Portable::Tls { socket, session } => {
+                        connection(timed.rejoin(session.rejoin(socket)?), plane, state).await
                     }
                 }
             };
