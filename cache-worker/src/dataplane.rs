@@ -45,7 +45,7 @@ use strata_common::frame::{
     decode_request_header,
 };
 use strata_common::{ErrorKind, QosClass};
-use strata_security::tls::ServerTls;
+use strata_security::tls::{ParkableSocket, ServerTls};
 use strata_security::token::Access;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
@@ -197,81 +197,20 @@ impl Listener for TlsListener {
         accepted: Self::Accepted,
     ) -> impl Future<Output = std::io::Result<Self::Stream>> + Send + 'static {
         let tls = self.tls.clone();
-        async move { Ok(TlsConnection(tls.accept(MovableTcp(Some(accepted))).await?)) }
-    }
-}
-
-/// The TCP socket under a TLS session. tokio-rustls cannot rebuild a stream from a socket and
-/// a session, so to move a TLS connection to the latency lane the socket alone leaves its
-/// runtime's reactor and joins the lane's, inside the same stream: the session, with whatever
-/// it has decrypted or still has to send, never moves apart from it.
-pub(crate) struct MovableTcp(Option<tokio::net::TcpStream>);
-
-impl MovableTcp {
-    fn socket(&mut self) -> std::io::Result<std::pin::Pin<&mut tokio::net::TcpStream>> {
-        match self.0.as_mut() {
-            Some(socket) => Ok(std::pin::Pin::new(socket)),
-            // Only while the connection is between two runtimes, when nothing polls it.
-            None => Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the socket is moving")),
-        }
-    }
-}
-
-impl AsyncRead for MovableTcp {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.get_mut().socket()?.poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for MovableTcp {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        self.get_mut().socket()?.poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        self.get_mut().socket()?.poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.as_ref().is_some_and(|s| s.is_write_vectored())
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.get_mut().socket()?.poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.get_mut().socket()?.poll_shutdown(cx)
+        async move { Ok(TlsConnection(tls.accept(ParkableSocket::new(accepted)).await?)) }
     }
 }
 
 /// A TLS data-plane connection. rustls may accept an answer's bytes and hold back part of
 /// their ciphertext when the socket is full; a read (of the next request) first writes that
 /// out, or the peer would wait for it while the worker waits for the peer.
-pub(crate) struct TlsConnection(tokio_rustls::server::TlsStream<MovableTcp>);
+pub(crate) struct TlsConnection(tokio_rustls::server::TlsStream<ParkableSocket>);
 
 impl TlsConnection {
-    /// Back in a runtime: `socket` registered with the current one's reactor (the lane's).
-    fn rejoin(mut self: Box<Self>, socket: std::net::TcpStream) -> std::io::Result<Self> {
-        self.0.get_mut().0.0 = Some(tokio::net::TcpStream::from_std(socket)?);
+    /// Back in a runtime: the parked socket registered with the current one's reactor (the
+    /// lane's).
+    fn attach(mut self: Box<Self>) -> std::io::Result<Self> {
+        self.0.get_mut().0.attach()?;
         Ok(*self)
     }
 }
@@ -456,14 +395,8 @@ impl Connection for TlsConnection {
     }
 
     fn portable(mut self) -> Portability<Self> {
-        let Some(socket) = self.0.get_mut().0.0.take() else {
-            return Portability::Failed(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "a TLS connection without its socket",
-            ));
-        };
-        match socket.into_std() {
-            Ok(socket) => Portability::Moved(Portable::Tls { socket, session: Box::new(self) }),
+        match self.0.get_mut().0.park() {
+            Ok(()) => Portability::Moved(Portable::Tls(Box::new(self))),
             Err(e) => Portability::Failed(e),
         }
     }

@@ -19,7 +19,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use strata_common::ErrorKind;
 use strata_common::frame::{RESPONSE_HEADER_LEN, ReadBlockRequest, ReadMany, ResponseHeader, Source};
-use strata_security::tls::ClientTls;
+use strata_security::tls::{ClientTls, ParkableSocket};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -265,13 +265,13 @@ impl Credentials {
 /// it is large, and a plain connection should not carry its size around.)
 pub enum DataStream {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TlsSocket>>),
+    Tls(Box<tokio_rustls::client::TlsStream<ParkableSocket>>),
 }
 
 /// A [`DataStream`] detached from its runtime (see [`DataStream::park`]).
 pub(crate) enum ParkedStream {
     Plain(std::net::TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TlsSocket>>),
+    Tls(Box<tokio_rustls::client::TlsStream<ParkableSocket>>),
 }
 
 impl DataStream {
@@ -280,7 +280,7 @@ impl DataStream {
     pub(crate) fn is_stale(&self) -> bool {
         let tcp = match self {
             DataStream::Plain(s) => Some(s),
-            DataStream::Tls(s) => s.get_ref().0.live.as_ref(),
+            DataStream::Tls(s) => s.get_ref().0.live(),
         };
         tcp.is_none_or(|s| closed_or_unsolicited(s.as_fd()))
     }
@@ -292,9 +292,7 @@ impl DataStream {
         match self {
             DataStream::Plain(s) => Ok(ParkedStream::Plain(s.into_std()?)),
             DataStream::Tls(mut s) => {
-                let socket = s.get_mut().0;
-                let live = socket.live.take().ok_or_else(|| std::io::Error::other("already parked"))?;
-                socket.parked = Some(live.into_std()?);
+                s.get_mut().0.park()?;
                 Ok(ParkedStream::Tls(s))
             }
         }
@@ -307,62 +305,10 @@ impl ParkedStream {
         match self {
             ParkedStream::Plain(s) => Ok(DataStream::Plain(TcpStream::from_std(s)?)),
             ParkedStream::Tls(mut s) => {
-                let socket = s.get_mut().0;
-                let parked = socket.parked.take().ok_or_else(|| std::io::Error::other("not parked"))?;
-                socket.live = Some(TcpStream::from_std(parked)?);
+                s.get_mut().0.attach()?;
                 Ok(DataStream::Tls(s))
             }
         }
-    }
-}
-
-/// The socket under a TLS connection: registered with a runtime, or parked (a plain socket
-/// between calls of a host that replaces its runtime, as the Python binding does around `fork`).
-pub struct TlsSocket {
-    live: Option<TcpStream>,
-    parked: Option<std::net::TcpStream>,
-}
-
-impl TlsSocket {
-    fn live(&mut self) -> std::io::Result<std::pin::Pin<&mut TcpStream>> {
-        match &mut self.live {
-            Some(s) => Ok(std::pin::Pin::new(s)),
-            None => Err(std::io::Error::other("the connection is parked")),
-        }
-    }
-}
-
-impl AsyncRead for TlsSocket {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.get_mut().live()?.poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsSocket {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        self.get_mut().live()?.poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.get_mut().live()?.poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        self.get_mut().live()?.poll_shutdown(cx)
     }
 }
 
@@ -447,7 +393,7 @@ pub(crate) async fn connect_tcp(addr: &str, dial: &Dial) -> Result<DataStream, T
     stream.set_nodelay(true).map_err(|source| TransportError::Connect { addr: addr.to_string(), source })?;
     let mut stream = match &dial.tls {
         None => DataStream::Plain(stream),
-        Some(tls) => match tls.connect(addr, TlsSocket { live: Some(stream), parked: None }).await {
+        Some(tls) => match tls.connect(addr, ParkableSocket::new(stream)).await {
             Ok(stream) => DataStream::Tls(Box::new(stream)),
             Err(source) => return Err(TransportError::Tls { addr: addr.to_string(), source }),
         },

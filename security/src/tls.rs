@@ -374,9 +374,133 @@ fn root_store(path: &Path, pem: &[u8]) -> Result<RootCertStore> {
     Ok(roots)
 }
 
+/// The TCP socket under a TLS session: registered with a runtime's reactor, or parked (a plain
+/// socket out of any runtime). tokio-rustls cannot rebuild a stream from a socket and a session,
+/// so a TLS connection that changes runtimes — a client's across the runtimes the Python binding
+/// replaces around `fork`, a worker's on its way to the latency lane — parks and attaches its
+/// socket inside the stream that keeps the session, with whatever it has decrypted or still has
+/// to send.
+pub struct ParkableSocket {
+    live: Option<tokio::net::TcpStream>,
+    parked: Option<std::net::TcpStream>,
+}
+
+impl ParkableSocket {
+    pub fn new(stream: tokio::net::TcpStream) -> Self {
+        Self { live: Some(stream), parked: None }
+    }
+
+    /// The socket, while it is registered with a runtime.
+    pub fn live(&self) -> Option<&tokio::net::TcpStream> {
+        self.live.as_ref()
+    }
+
+    /// Takes the socket out of its runtime's reactor (which may then shut down). Only between
+    /// exchanges: nothing polls a parked socket.
+    pub fn park(&mut self) -> std::io::Result<()> {
+        let live = self.live.take().ok_or_else(|| std::io::Error::other("already parked"))?;
+        self.parked = Some(live.into_std()?);
+        Ok(())
+    }
+
+    /// Registers the parked socket with the reactor of the runtime this runs in.
+    pub fn attach(&mut self) -> std::io::Result<()> {
+        let parked = self.parked.take().ok_or_else(|| std::io::Error::other("not parked"))?;
+        self.live = Some(tokio::net::TcpStream::from_std(parked)?);
+        Ok(())
+    }
+
+    fn live_mut(&mut self) -> std::io::Result<std::pin::Pin<&mut tokio::net::TcpStream>> {
+        match &mut self.live {
+            Some(s) => Ok(std::pin::Pin::new(s)),
+            None => Err(std::io::Error::other("the connection is parked")),
+        }
+    }
+}
+
+impl AsyncRead for ParkableSocket {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().live_mut()?.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ParkableSocket {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut().live_mut()?.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut().live_mut()?.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.live.as_ref().is_some_and(|s| s.is_write_vectored())
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().live_mut()?.poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().live_mut()?.poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A socket parked in one runtime and attached in another carries the bytes on, and is
+    /// refused, not polled, while parked.
+    #[test]
+    fn a_parked_socket_refuses_io_and_carries_on_in_the_next_runtime() {
+        use std::io::{Read, Write};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let first = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut socket = first.block_on(async {
+            let mut socket = ParkableSocket::new(tokio::net::TcpStream::connect(addr).await.unwrap());
+            socket.write_all(b"one").await.unwrap();
+            assert!(socket.attach().is_err(), "attached while live");
+            socket.park().unwrap();
+            assert!(socket.park().is_err(), "parked twice");
+            assert!(socket.live().is_none());
+            assert!(socket.write_all(b"x").await.is_err(), "written while parked");
+            socket
+        });
+        drop(first);
+        let (mut peer, _) = listener.accept().unwrap();
+        let mut got = [0u8; 3];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"one");
+        peer.write_all(b"two").unwrap();
+        let second = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        second.block_on(async {
+            socket.attach().unwrap();
+            let mut got = [0u8; 3];
+            socket.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"two");
+        });
+    }
 
     struct Files {
         dir: tempfile::TempDir,

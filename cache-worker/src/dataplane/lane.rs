@@ -34,11 +34,8 @@ use crate::metrics_defs as m;
 pub(crate) enum Portable {
     Tcp(std::net::TcpStream),
     Unix(std::os::unix::net::UnixStream),
-    /// A TLS connection's socket and the stream that holds its session, waiting for it.
-    Tls {
-        socket: std::net::TcpStream,
-        session: Box<super::TlsConnection>,
-    },
+    /// A TLS connection, its socket parked inside the stream that keeps its session.
+    Tls(Box<super::TlsConnection>),
 }
 
 /// What [`Connection::portable`](super::Connection::portable) made of a connection.
@@ -134,9 +131,7 @@ impl LatencyLane {
                     Portable::Unix(s) => {
                         connection(timed.rejoin(tokio::net::UnixStream::from_std(s)?), plane, state).await
                     }
-                    Portable::Tls { socket, session } => {
-                        connection(timed.rejoin(session.rejoin(socket)?), plane, state).await
-                    }
+                    Portable::Tls(tls) => connection(timed.rejoin(tls.attach()?), plane, state).await,
                 }
             };
             let ended = tokio::select! {
