@@ -105,6 +105,9 @@ pub struct Cluster {
     /// Workers known from the store that have not registered with this master yet: their
     /// heartbeats are answered `reregister`, so each sends a full block report.
     unreported: Mutex<HashSet<String>>,
+    /// What each worker that ever registered owns on its host (kept after it is lost: its
+    /// files are still there).
+    state_paths: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
 impl Cluster {
@@ -121,7 +124,15 @@ impl Cluster {
             clock,
             store,
             unreported: Mutex::new(HashSet::new()),
+            state_paths: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Every path a worker of the cluster owns, as the workers reported them.
+    pub fn state_paths(&self) -> Vec<String> {
+        let all = lock(&self.state_paths);
+        let set: std::collections::BTreeSet<&String> = all.values().flatten().collect();
+        set.into_iter().cloned().collect()
     }
 
     /// Workers a previous leader registered (from the store): live from now, on the ring at
@@ -133,6 +144,7 @@ impl Cluster {
         let mut unreported = lock(&self.unreported);
         for w in workers {
             if !w.id.is_empty() && w.data_addr.parse::<SocketAddr>().is_ok() {
+                lock(&self.state_paths).insert(w.id.clone(), w.state_paths.clone());
                 mem.register(&w, now);
                 unreported.insert(w.id);
             }
@@ -148,6 +160,7 @@ impl Cluster {
             return Err(OpError::BadWorker);
         }
         let epoch = lock(&self.membership).register(&entry, self.clock.now());
+        lock(&self.state_paths).insert(id.to_string(), entry.state_paths.clone());
         lock(&self.unreported).remove(id);
         // It will send a full report next: forget what it held before.
         lock(&self.blocks).drop_worker(id);

@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use strata_common::SharedClock;
 use strata_proto::master_server::MasterServer;
-use strata_ufs::UfsFactory;
+use strata_ufs::{StateFence, UfsFactory};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -114,6 +114,7 @@ impl HaStop {
 pub(crate) async fn start(
     config: MasterConfig,
     factory: Arc<dyn UfsFactory>,
+    fence: StateFence,
     clock: SharedClock,
     rpc_server: tonic::transport::Server,
 ) -> Result<(SocketAddr, SocketAddr, HaStop), MasterError> {
@@ -150,7 +151,7 @@ pub(crate) async fn start(
     let gate = Gate::new();
     let server = spawn_gated(rpc_server, listener, gate.clone(), cancel.clone());
     let (roles, election) = etcd.elect(advertise.clone(), ttl, cancel.clone());
-    let follower = TermFollower { config, factory, clock, etcd: etcd.clone(), gate, advertise };
+    let follower = TermFollower { config, factory, fence, clock, etcd: etcd.clone(), gate, advertise };
     let terms = tokio::spawn(follower.run(roles));
     info!(%rpc_addr, %http_addr, "master started as a standby");
     Ok((rpc_addr, http_addr, HaStop { etcd, cancel, election, terms, tasks: vec![server, http_task] }))
@@ -196,6 +197,7 @@ impl Term {
 struct TermFollower {
     config: MasterConfig,
     factory: Arc<dyn UfsFactory>,
+    fence: StateFence,
     clock: SharedClock,
     etcd: Arc<Etcd>,
     gate: Gate,
@@ -250,7 +252,8 @@ impl TermFollower {
     fn lead(&self, revision: i64) -> Result<Term, MasterError> {
         let store: Arc<dyn MetaStore> = Arc::new(EtcdStore { etcd: self.etcd.clone(), revision });
         let (stored, resume) = load_state(&self.config, store, self.factory.as_ref(), &self.clock)?;
-        let mut parts = build_parts(&self.config, stored, self.factory.clone(), self.clock.clone());
+        let mut parts =
+            build_parts(&self.config, stored, self.factory.clone(), self.fence.clone(), self.clock.clone());
         parts.rpc.leader = self.advertise.clone();
         let pending = parts.rpc.metadata.pending().clone();
         let pins = parts.rpc.pins.clone();

@@ -44,6 +44,10 @@ pub struct WorkerEntry {
     /// Empty when the worker serves no local socket, or was stored by a master before them.
     #[serde(default)]
     pub local_socket: String,
+    /// The paths the worker owns (see `strata_ufs::StateFence`): fenced in every `file://`
+    /// mount of the cluster.
+    #[serde(default)]
+    pub state_paths: Vec<String>,
 }
 
 impl WorkerEntry {
@@ -55,6 +59,7 @@ impl WorkerEntry {
             http_addr: http_addr.into(),
             node: String::new(),
             local_socket: String::new(),
+            state_paths: Vec::new(),
         }
     }
 }
@@ -80,7 +85,7 @@ impl Membership {
     /// Adds or refreshes a worker. The epoch moves when the live set, an address, a node or a
     /// local socket changes (clients read both from the membership to choose local replicas).
     pub fn register(&mut self, entry: &WorkerEntry, now: Instant) -> u64 {
-        let WorkerEntry { id, data_addr, http_addr, node, local_socket } = entry;
+        let WorkerEntry { id, data_addr, http_addr, node, local_socket, state_paths: _ } = entry;
         let changed = match self.workers.get(id) {
             Some(w) => {
                 !w.live || w.data_addr != *data_addr || w.node != *node || w.local_socket != *local_socket

@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use moka::future::Cache;
 use strata_common::{SharedClock, block, path};
-use strata_ufs::{ObjectMeta, UfsEntry, UfsError, UfsFactory};
-use tracing::info;
+use strata_ufs::{ObjectMeta, StateFence, UfsEntry, UfsError, UfsFactory, UfsSpec};
+use tracing::{info, warn};
 
 use crate::error::OpError;
 use crate::locks::{lock, read, write};
@@ -112,6 +112,8 @@ pub struct Metadata {
     clock: SharedClock,
     /// Write-back files not yet in the UFS, overlaid on its metadata.
     pending: Arc<WriteBack>,
+    /// What the cluster owns on its hosts; `factory` already puts every local UFS behind it.
+    fence: StateFence,
 }
 
 /// UFS stats one [`Metadata::stat_many`] runs at once.
@@ -132,6 +134,8 @@ pub struct MetadataParams {
     pub cache_entries: u64,
     pub clock: SharedClock,
     pub pending: Arc<WriteBack>,
+    /// The fence `factory` opens local UFSs behind (see `strata_ufs::fence`).
+    pub fence: StateFence,
 }
 
 impl Metadata {
@@ -152,6 +156,24 @@ impl Metadata {
                 .build(),
             clock: p.clock,
             pending: p.pending,
+            fence: p.fence,
+        }
+    }
+
+    /// Every path of the cluster's own (this master's and its workers'), for the workers.
+    pub fn state_paths(&self) -> Vec<String> {
+        self.fence.paths().iter().map(|p| p.display().to_string()).collect()
+    }
+
+    /// Takes what the workers own (as they registered it). A change is a change of what every
+    /// local mount may serve: cached metadata is forgotten, and the mounts epoch moves so that
+    /// workers fetch the new paths with the table.
+    pub fn learn_state_paths(&self, workers: Vec<String>) {
+        if self.fence.learn(workers) {
+            self.stats.invalidate_all();
+            self.lists.invalidate_all();
+            *lock(&self.mounts_epoch) += 1;
+            info!(paths = self.fence.paths().len(), "the cluster's own paths changed");
         }
     }
 
@@ -618,7 +640,28 @@ impl Metadata {
     }
 
     /// Validates a new mount, reaches its UFS once, stores it, then shows it.
-    pub async fn add_mount(&self, record: MountRecord) -> Result<Arc<Mount>, OpError> {
+    /// Adds a mount; the warnings are for the caller (the mount is in force).
+    ///
+    /// A local directory that lies inside the cluster's own state is refused (nothing in it
+    /// could be served); one that holds some of it is mounted with that part fenced, and a
+    /// warning says so.
+    pub async fn add_mount(&self, record: MountRecord) -> Result<(Arc<Mount>, Vec<String>), OpError> {
+        let mut warnings = Vec::new();
+        if let Ok(UfsSpec::Fs { root }) = UfsSpec::parse(&record.uri) {
+            let inside = self.fence.check_root(std::path::Path::new(&root)).map_err(|source| {
+                MountError::Ufs { path: record.path.clone(), uri: record.uri.clone(), source }
+            })?;
+            if !inside.is_empty() {
+                let list: Vec<String> = inside.iter().map(|p| p.display().to_string()).collect();
+                warn!(mount = %record.path, uri = %record.uri, state = ?list, "a mount's directory holds Strata's own state: it stays hidden");
+                warnings.push(format!(
+                    "{} holds Strata's own state ({}): it is never served, listed or written through {}",
+                    record.uri,
+                    list.join(", "),
+                    record.path
+                ));
+            }
+        }
         let mount = Mount::open(record, self.factory.as_ref())?;
         read(&self.mounts).check_new(&mount)?;
         // Reach the UFS once now, so a wrong root fails here and not at the first read.
@@ -637,7 +680,7 @@ impl Metadata {
             mount
         };
         *lock(&self.mounts_epoch) += 1;
-        Ok(mount)
+        Ok((mount, warnings))
     }
 
     pub fn remove_mount(&self, raw: &str) -> Result<(), OpError> {

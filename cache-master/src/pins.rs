@@ -86,11 +86,15 @@ struct State {
     last_free: u64,
     /// The last free each worker said it applied.
     applied: HashMap<String, u64>,
+    /// The pins epoch each worker said it applied (pins and TTLs in force there).
+    epochs_applied: HashMap<String, u64>,
 }
 
 pub struct Pins {
     store: Arc<dyn MetaStore>,
     state: Mutex<State>,
+    /// Woken whenever a worker reports what it applied (see [`Pins::reported`]).
+    reports: tokio::sync::Notify,
     /// Expiry is read on this clock's wall time.
     clock: SharedClock,
 }
@@ -115,9 +119,10 @@ impl Pins {
             // Sequences grow across restarts too: a worker's "applied" from before is below them.
             last_free: first_epoch,
             applied: HashMap::new(),
+            epochs_applied: HashMap::new(),
         };
         Self::publish(&state);
-        Self { clock, store, state: Mutex::new(state) }
+        Self { clock, store, state: Mutex::new(state), reports: tokio::sync::Notify::new() }
     }
 
     /// Wall-clock milliseconds on the pins' clock.
@@ -262,10 +267,30 @@ impl Pins {
     /// A worker applied every free up to `seq`.
     pub fn applied(&self, worker_id: &str, seq: u64) {
         self.state().applied.insert(worker_id.to_string(), seq);
+        self.reports.notify_waiters();
+    }
+
+    /// Resolves at the next report of a worker (a heartbeat's `frees_applied`, `pins_epoch`).
+    /// Create it before checking what has been applied, so a report in between is not missed.
+    pub fn reported(&self) -> tokio::sync::futures::Notified<'_> {
+        self.reports.notified()
     }
 
     pub fn applied_by(&self, worker_id: &str) -> u64 {
         self.state().applied.get(worker_id).copied().unwrap_or(0)
+    }
+
+    /// A worker has the pins and TTLs of `epoch` in force (it says so in each heartbeat).
+    pub fn epoch_applied(&self, worker_id: &str, epoch: u64) {
+        let previous = self.state().epochs_applied.insert(worker_id.to_string(), epoch);
+        if previous != Some(epoch) {
+            self.reports.notify_waiters();
+        }
+    }
+
+    /// The pins epoch a worker last said it has in force (0: none yet).
+    pub fn epoch_applied_by(&self, worker_id: &str) -> u64 {
+        self.state().epochs_applied.get(worker_id).copied().unwrap_or(0)
     }
 }
 

@@ -97,8 +97,8 @@ impl MasterRpc for Rpc {
         count(RPC);
         let req = req.into_inner();
         let record = MountRecord { path: req.path, uri: req.uri, options: req.options.into_iter().collect() };
-        let mount = self.metadata.add_mount(record).await.map_err(status(RPC))?;
-        Ok(Response::new(mount_info(&mount, false)))
+        let (mount, warnings) = self.metadata.add_mount(record).await.map_err(status(RPC))?;
+        Ok(Response::new(pb::MountInfo { warnings, ..mount_info(&mount, false) }))
     }
 
     async fn remove_mount(&self, req: Request<pb::RemoveMountRequest>) -> RpcResult<pb::Empty> {
@@ -369,8 +369,10 @@ impl MasterRpc for Rpc {
             http_addr: req.http_addr,
             node: req.node,
             local_socket: req.local_socket,
+            state_paths: req.state_paths,
         };
         let epoch = self.cluster.register(entry).map_err(status(RPC))?;
+        self.metadata.learn_state_paths(self.cluster.state_paths());
         Ok(Response::new(pb::RegisterWorkerResponse {
             membership_epoch: epoch,
             heartbeat_interval_ms: self.heartbeat_interval_ms,
@@ -423,6 +425,7 @@ impl MasterRpc for Rpc {
         if req.frees_applied != 0 {
             self.pins.applied(&req.worker_id, req.frees_applied);
         }
+        self.pins.epoch_applied(&req.worker_id, req.pins_epoch);
         let (last_free, free) = self.pins.frees_after(req.frees_applied);
         Ok(Response::new(pb::HeartbeatResponse {
             reregister: answer.reregister,
@@ -562,17 +565,19 @@ impl MasterRpc for Rpc {
         };
         let record = self.pins.add(record).map_err(status(RPC))?;
         tracing::info!(path = %record.path, tier = record.tier.label(), bytes = record.bytes, "pinned");
-        Ok(Response::new(pin_info(&record)))
+        let applied = self.pins_in_force(req.wait_ms).await;
+        Ok(Response::new(pb::PinInfo { applied: Some(applied), ..pin_info(&record) }))
     }
 
     async fn unpin(&self, req: Request<pb::UnpinRequest>) -> RpcResult<pb::PinInfo> {
         const RPC: &str = "unpin";
         count(RPC);
-        let path = strata_common::path::normalize(&req.into_inner().path)
-            .map_err(|e| status(RPC)(OpError::BadPath(e)))?;
+        let req = req.into_inner();
+        let path = strata_common::path::normalize(&req.path).map_err(|e| status(RPC)(OpError::BadPath(e)))?;
         let record = self.pins.remove(&path).map_err(status(RPC))?;
         tracing::info!(path = %record.path, "unpinned");
-        Ok(Response::new(pin_info(&record)))
+        let applied = self.pins_in_force(req.wait_ms).await;
+        Ok(Response::new(pb::PinInfo { applied: Some(applied), ..pin_info(&record) }))
     }
 
     async fn set_cache_ttl(&self, req: Request<pb::SetCacheTtlRequest>) -> RpcResult<pb::CacheTtlInfo> {
@@ -597,7 +602,8 @@ impl MasterRpc for Rpc {
             tracing::info!(path = %record.path, cache_ttl_ms = record.cache_ttl_ms, "cache TTL set");
             record
         };
-        Ok(Response::new(cache_ttl_info(&record)))
+        let applied = self.pins_in_force(req.wait_ms).await;
+        Ok(Response::new(pb::CacheTtlInfo { applied: Some(applied), ..cache_ttl_info(&record) }))
     }
 
     async fn list_cache_ttls(&self, _: Request<pb::Empty>) -> RpcResult<pb::CacheTtlList> {
@@ -637,27 +643,21 @@ impl MasterRpc for Rpc {
             }
         }
         let seq = self.pins.queue_free(crate::pins::ufs_prefix(&r.mount.record.uri, &r.rel));
-        let wait = Duration::from_millis(if req.wait_ms == 0 { 10_000 } else { req.wait_ms.min(600_000) });
-        let deadline = tokio::time::Instant::now() + wait;
-        let done = loop {
-            let done = live.iter().filter(|w| self.pins.applied_by(w) >= seq).count();
-            if done == live.len() || tokio::time::Instant::now() >= deadline {
-                break done;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        tracing::info!(path = %r.path, blocks, bytes, workers = live.len(), done, "freed");
+        let applied = self.wait_applied(req.wait_ms, |w| self.pins.applied_by(w) >= seq).await;
+        tracing::info!(path = %r.path, blocks, bytes, workers = applied.workers, done = applied.workers_applied, "freed");
         Ok(Response::new(pb::FreeResponse {
             blocks,
             bytes,
-            workers: live.len() as u32,
-            workers_done: done as u32,
+            workers: applied.workers,
+            workers_done: applied.workers_applied,
+            workers_pending: applied.pending,
         }))
     }
 
     async fn worker_mounts(&self, _: Request<pb::WorkerMountsRequest>) -> RpcResult<pb::MountList> {
         count("worker_mounts");
-        Ok(Response::new(self.mount_list(true)))
+        let list = self.mount_list(true);
+        Ok(Response::new(pb::MountList { state_paths: self.metadata.state_paths(), ..list }))
     }
 
     async fn submit_load(&self, req: Request<pb::SubmitLoadRequest>) -> RpcResult<pb::JobInfo> {
@@ -935,6 +935,34 @@ impl Rpc {
         Duration::from_millis(self.heartbeat_interval_ms.saturating_mul(3).max(SUSPECT_FLOOR_MS))
     }
 
+    /// Waits until every live worker has the pins and TTLs as they are now in force (it applied
+    /// their epoch: pins protect what it holds, see the worker's `pins`), or `wait_ms` passed.
+    async fn pins_in_force(&self, wait_ms: u64) -> pb::Applied {
+        let epoch = self.pins.epoch();
+        self.wait_applied(wait_ms, |w| self.pins.epoch_applied_by(w) >= epoch).await
+    }
+
+    /// Waits until `applied` holds for every live worker, woken by their reports, for at most
+    /// `wait_ms` (0: 10 s; at most 10 min). Says which had not when it ended.
+    async fn wait_applied(&self, wait_ms: u64, applied: impl Fn(&str) -> bool) -> pb::Applied {
+        let wait = Duration::from_millis(if wait_ms == 0 { 10_000 } else { wait_ms.min(600_000) });
+        let deadline = tokio::time::Instant::now() + wait;
+        let live = self.live_ids();
+        loop {
+            let report = self.pins.reported();
+            let mut pending: Vec<String> = live.iter().filter(|w| !applied(w)).cloned().collect();
+            if pending.is_empty() || tokio::time::Instant::now() >= deadline {
+                pending.sort_unstable();
+                return pb::Applied {
+                    workers: live.len() as u32,
+                    workers_applied: (live.len() - pending.len()) as u32,
+                    pending,
+                };
+            }
+            let _ = tokio::time::timeout_at(deadline, report).await;
+        }
+    }
+
     fn live_ids(&self) -> std::collections::HashSet<String> {
         self.cluster.live().1.into_iter().map(|m| m.id).collect()
     }
@@ -965,7 +993,8 @@ impl Rpc {
 
     fn mount_list(&self, with_secrets: bool) -> pb::MountList {
         let (epoch, mounts) = self.metadata.mounts();
-        pb::MountList { epoch, mounts: mounts.iter().map(|m| mount_info(m, with_secrets)).collect() }
+        let mounts = mounts.iter().map(|m| mount_info(m, with_secrets)).collect();
+        pb::MountList { epoch, mounts, state_paths: Vec::new() }
     }
 }
 
@@ -991,6 +1020,7 @@ fn cache_ttl_info(r: &crate::pins::CacheTtlRecord) -> pb::CacheTtlInfo {
         path: r.path.clone(),
         cache_ttl_ms: r.cache_ttl_ms,
         created_unix_ms: r.created_unix_ms,
+        applied: None,
     }
 }
 
@@ -1005,6 +1035,7 @@ fn pin_info(p: &PinRecord) -> pb::PinInfo {
         bytes: p.bytes,
         created_unix_ms: p.created_unix_ms,
         expires_unix_ms: p.expires_unix_ms.unwrap_or(0),
+        applied: None,
     }
 }
 
@@ -1037,6 +1068,7 @@ fn mount_info(mount: &Mount, with_secrets: bool) -> pb::MountInfo {
         block_size: mount.block_size,
         metadata_ttl_ms: mount.metadata_ttl.as_millis() as u64,
         read_replicas: mount.read_replicas,
+        warnings: Vec::new(),
     }
 }
 

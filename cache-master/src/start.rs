@@ -13,7 +13,7 @@ use strata_common::background::spawn_loop;
 use strata_common::{SharedClock, clock};
 use strata_proto::master_server::MasterServer;
 use strata_security::tls::TlsError;
-use strata_ufs::UfsFactory;
+use strata_ufs::{StateFence, UfsFactory};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -46,6 +46,8 @@ pub enum MasterError {
     Tokens(#[from] crate::error::OpError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("cannot claim {path} as the master's own: {source}")]
+    State { path: String, source: std::io::Error },
 }
 
 /// A running master. Dropping it does not stop it: call [`MasterHandle::shutdown`].
@@ -108,13 +110,16 @@ impl Master {
     ) -> Result<MasterHandle, MasterError> {
         // Certificates are read first: a master with bad TLS material starts nothing.
         let rpc_server = rpc_server(&config)?;
+        let fence = claim_state(&config)?;
+        let factory = fence.wrap(factory);
         if !config.meta.is_empty() {
-            let (rpc_addr, http_addr, stop) = crate::ha::start(config, factory, clock, rpc_server).await?;
+            let (rpc_addr, http_addr, stop) =
+                crate::ha::start(config, factory, fence, clock, rpc_server).await?;
             return Ok(MasterHandle { rpc_addr, http_addr, stop: Stop::Ha(stop) });
         }
         let store: Arc<dyn MetaStore> = Arc::new(RedbStore::open(&config.data_dir.join("master.redb"))?);
         let (stored, resume) = load_state(&config, store.clone(), factory.as_ref(), &clock)?;
-        let mut parts = build_parts(&config, stored, factory, clock);
+        let mut parts = build_parts(&config, stored, factory, fence, clock);
         let cancel = parts.cancel.clone();
 
         // Both ports are bound before anything is spawned: a master that cannot start leaves no
@@ -201,6 +206,7 @@ pub(crate) fn build_parts(
     config: &MasterConfig,
     stored: Stored,
     factory: Arc<dyn UfsFactory>,
+    fence: StateFence,
     clock: SharedClock,
 ) -> Parts {
     let Stored { store, mounts, jobs, schedules, workers, tokens, pending, pins, lineage } = stored;
@@ -213,10 +219,12 @@ pub(crate) fn build_parts(
         cache_entries: config.metadata_cache_entries,
         clock: clock.clone(),
         pending,
+        fence,
     }));
     let timeout = Duration::from_millis(config.worker_timeout_ms);
     let cluster = Arc::new(Cluster::new(timeout, epoch_base(&clock), clock.clone(), store.clone()));
     cluster.preload(workers);
+    metadata.learn_state_paths(cluster.state_paths());
     let runner = Arc::new(JobRunner::new(RunnerParams {
         jobs,
         schedules,
@@ -240,6 +248,25 @@ pub(crate) fn build_parts(
         lineage,
     };
     Parts { cluster, runner, rpc, cancel }
+}
+
+/// Claims what this master owns — its data directory (marked), token files and TLS files — so
+/// that no local mount serves them (see `strata_ufs::fence`).
+fn claim_state(config: &MasterConfig) -> Result<StateFence, MasterError> {
+    let fence = StateFence::new();
+    let failed = |path: &std::path::Path| {
+        let path = path.display().to_string();
+        move |source| MasterError::State { path, source }
+    };
+    fence.claim_dir(&config.data_dir).map_err(failed(&config.data_dir))?;
+    let tokens = config.token_files();
+    let tls = [&config.tls.cert, &config.tls.key, &config.tls.ca];
+    let files =
+        [Some(&tokens.admin_file), Some(&tokens.worker_file)].into_iter().chain(tls.map(Option::as_ref));
+    for file in files.flatten() {
+        fence.claim_file(file).map_err(failed(file))?;
+    }
+    Ok(fence)
 }
 
 /// Wall-clock milliseconds: the first epochs and task ids, which must grow across restarts.

@@ -516,9 +516,12 @@ impl BlockService {
                 resolved.path
             ))));
         }
-        if !resolved.mount.mode.is_writable() || resolved.mount.ufs.as_write().is_none() {
+        let Some(ufs) = resolved.mount.ufs.as_write().filter(|_| resolved.mount.mode.is_writable()) else {
             return Err(ServeError::ReadOnly(resolved.path));
-        }
+        };
+        // Now, not when a write-back upload reaches the UFS: a write acknowledged into the
+        // journal must not be one the UFS will refuse for where it goes (the cluster's state).
+        ufs.check_write(&resolved.rel).await?;
         Ok(resolved)
     }
 

@@ -471,6 +471,66 @@ impl BlockCache {
         }))
     }
 
+    /// Moves the blocks `selected` picks that this cache holds into `tier` (a pin just learnt,
+    /// see `pins`), and returns once they are there: to NVMe, the dirty DRAM copies are written
+    /// now (the DRAM copy stays) rather than when DRAM evicts them or reads go quiet; to DRAM,
+    /// blocks on NVMe only are read in (until DRAM has no room left for them). A block that
+    /// cannot move stays where it is and is logged. Returns how many moved.
+    pub async fn gather_pinned(&self, tier: TierKind, selected: impl Fn(&BlockKey) -> bool) -> usize {
+        match tier {
+            TierKind::Nvme => {
+                if self.nvme.usage().capacity_bytes == 0 {
+                    return 0;
+                }
+                let taken: Vec<(BlockKey, PutParams)> = {
+                    let mut dirty = lock(&self.writeback.dirty);
+                    let keys: Vec<(BlockKey, PutParams)> =
+                        dirty.iter().filter(|(k, _)| selected(k)).map(|(k, p)| (k.clone(), *p)).collect();
+                    for (key, _) in &keys {
+                        dirty.remove(key);
+                    }
+                    keys
+                };
+                let blocks: Vec<BlockPut> = taken
+                    .into_iter()
+                    .filter_map(|(key, params)| Some(BlockPut { data: self.memory.peek(&key)?, key, params }))
+                    .collect();
+                let moved = blocks.len();
+                for batch in batches(blocks) {
+                    if let Some(write) = self.write_nvme(batch).await {
+                        let _ = write.await;
+                    }
+                }
+                moved
+            }
+            TierKind::Memory => {
+                let mut moved = 0;
+                for (key, _) in self.nvme.keys() {
+                    if !selected(&key) || self.memory.contains(&key) {
+                        continue;
+                    }
+                    let bytes = match self.nvme.get(&key).await {
+                        Ok(Some(b)) => b,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            warn!(block = %key, tier = "nvme", err = %e, "cannot read a pinned block to move it");
+                            continue;
+                        }
+                    };
+                    match self.memory.put(&key, bytes).await {
+                        Ok(()) => moved += 1,
+                        Err(e) => {
+                            warn!(block = %key, tier = "memory", err = %e, "a pinned block stays on NVMe");
+                            break;
+                        }
+                    }
+                    self.persist_evicted().await;
+                }
+                moved
+            }
+        }
+    }
+
     /// Makes sure a block is on NVMe when this worker has an NVMe tier, writing it from `bytes`
     /// (or from DRAM) and waiting for the write, so a warmup load is reported done only once
     /// its block is in the capacity tier. A write already in flight for it is waited for, and a

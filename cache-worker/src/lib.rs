@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_common::SharedClock;
-use strata_ufs::UfsFactory;
+use strata_ufs::{StateFence, UfsFactory};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -86,6 +86,8 @@ pub enum WorkerError {
     Config(String),
     #[error("write-back journal at {dir}: {source}")]
     Journal { dir: String, source: std::io::Error },
+    #[error("cannot claim {path} as the worker's own: {source}")]
+    State { path: String, source: std::io::Error },
 }
 
 /// A running worker. Dropping it does not stop it: call [`WorkerHandle::shutdown`].
@@ -225,7 +227,7 @@ pub(crate) async fn open_blocks(
         zero_copy: config.zero_copy,
     };
     let cache = Arc::new(BlockCache::new(memory, nvme, cache_config, counters.clone()));
-    let mounts = Arc::new(Mounts::new(factory));
+    let mounts = Arc::new(Mounts::new(factory, claim_state(config)?));
     let blocks = BlockService::new(
         cache,
         counters,
@@ -236,6 +238,25 @@ pub(crate) async fn open_blocks(
     );
     blocks.set_cut_through(config.cut_through);
     Ok(Arc::new(blocks))
+}
+
+/// Claims what this worker (or sidecar) owns — its data, NVMe and journal directories (marked),
+/// its socket, token and TLS files — so that no local mount serves them (`strata_ufs::fence`).
+fn claim_state(config: &WorkerConfig) -> Result<StateFence, WorkerError> {
+    let fence = StateFence::new();
+    let failed = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| WorkerError::State { path, source }
+    };
+    for dir in [config.data_dir.clone(), config.nvme_dir(), config.journal_dir()] {
+        fence.claim_dir(&dir).map_err(failed(&dir))?;
+    }
+    let tls = [&config.tls.cert, &config.tls.key, &config.tls.ca];
+    let files = [&config.socket_path, &config.token_file].into_iter().chain(tls);
+    for file in files.filter_map(Option::as_ref) {
+        fence.claim_file(file).map_err(failed(file))?;
+    }
+    Ok(fence)
 }
 
 /// The writer moving dirty DRAM blocks to NVMe while reads are quiet (see `cache`).
@@ -400,6 +421,7 @@ impl Worker {
             http_addr: http_addr.to_string(),
             node: config.node.clone().unwrap_or_default(),
             local_socket: local_socket.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            state_paths: blocks.mounts().own_state(),
         };
         let tiers: Vec<Arc<dyn tier::Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
         pins.install(&tiers);

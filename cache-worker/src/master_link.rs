@@ -44,6 +44,8 @@ pub struct Identity {
     pub node: String,
     /// Absolute path of its Unix socket for processes on its host; empty when none.
     pub local_socket: String,
+    /// What it owns on its host (see `strata_ufs::StateFence`), for the cluster to fence.
+    pub state_paths: Vec<String>,
 }
 
 /// A (lazily connected) gRPC client of the master, or of the masters of an HA cluster
@@ -131,6 +133,7 @@ impl MountSource for MasterMounts {
                     block_size: m.block_size,
                 })
                 .collect(),
+            state_paths: list.state_paths,
         })
     }
 }
@@ -289,6 +292,8 @@ pub async fn run(
     let tiers: Vec<Arc<dyn Tier>> = blocks.cache().tiers().into_iter().cloned().collect();
     // Blocks of a full report not sent yet.
     let mut backlog: Vec<BlockReport> = Vec::new();
+    // A change the master waits on (pins, frees) was just applied: tell it with the next beat.
+    let mut report_now = false;
     while !cancel.is_cancelled() {
         if !registered {
             // The tokens before the registration: clients route to this worker once the master
@@ -303,6 +308,7 @@ pub async fn run(
                 tiers: tiers.iter().map(|t| usage(t.as_ref())).collect(),
                 node: id.node.clone(),
                 local_socket: id.local_socket.clone(),
+                state_paths: id.state_paths.clone(),
             };
             match client.register_worker(req).await {
                 Ok(resp) => {
@@ -403,10 +409,14 @@ pub async fn run(
                             .map(|r| (r.ufs_prefix.clone(), Duration::from_millis(r.cache_ttl_ms)))
                             .collect(),
                     );
-                    pins.replace(resp.pins_epoch, resp.pins.iter().map(pin_rule).collect());
+                    pins.apply(blocks.cache(), resp.pins_epoch, resp.pins.iter().map(pin_rule).collect())
+                        .await;
+                    // The master holds `strata pin` (and ttl, unpin) until we say so: at once.
+                    report_now = true;
                 }
                 if resp.last_free != pins.frees_applied() {
                     pins.free(&tiers, &resp.free, resp.last_free).await;
+                    report_now = true;
                 }
                 for id in resp.upload {
                     writeback.upload(id);
@@ -424,7 +434,7 @@ pub async fn run(
                 backlog.clear();
             }
         }
-        if backlog.is_empty() || full_report {
+        if (backlog.is_empty() && !std::mem::take(&mut report_now)) || full_report {
             sleep_or_cancel(interval, &cancel).await;
         }
     }

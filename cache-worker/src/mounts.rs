@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use async_trait::async_trait;
 use strata_common::block::{identity_prefix, identity_under};
 use strata_common::{BlockKey, MountMode, MountOptions, path};
-use strata_ufs::{Ufs, UfsFactory};
+use strata_ufs::{StateFence, Ufs, UfsFactory};
 use tracing::warn;
 
 use crate::error::ServeError;
@@ -30,6 +30,8 @@ pub struct MountSpec {
 pub struct MountSnapshot {
     pub epoch: u64,
     pub mounts: Vec<MountSpec>,
+    /// What the cluster's other processes own on their hosts: fenced here too.
+    pub state_paths: Vec<String>,
 }
 
 /// Where the table comes from.
@@ -60,14 +62,28 @@ pub struct Resolved {
 }
 
 pub struct Mounts {
+    /// Opens every local UFS behind `fence`.
     factory: Arc<dyn UfsFactory>,
+    fence: StateFence,
     table: RwLock<(u64, BTreeMap<String, Arc<WorkerMount>>)>,
     source: OnceLock<Arc<dyn MountSource>>,
 }
 
 impl Mounts {
-    pub fn new(factory: Arc<dyn UfsFactory>) -> Self {
-        Self { factory, table: RwLock::new((0, BTreeMap::new())), source: OnceLock::new() }
+    /// A table whose `file://` mounts never serve what `fence` holds (this process's own files,
+    /// and those the master says the cluster's other processes own).
+    pub fn new(factory: Arc<dyn UfsFactory>, fence: StateFence) -> Self {
+        Self {
+            factory: fence.wrap(factory),
+            fence,
+            table: RwLock::new((0, BTreeMap::new())),
+            source: OnceLock::new(),
+        }
+    }
+
+    /// What this process owns, to tell the master.
+    pub fn own_state(&self) -> Vec<String> {
+        self.fence.own()
     }
 
     /// Sets where the table is fetched from. Set once; later calls are ignored.
@@ -78,6 +94,7 @@ impl Mounts {
     /// Replaces the table. A mount whose options or UFS do not open here is skipped (and
     /// logged): its paths then fail as unmounted rather than the whole table failing.
     pub fn apply(&self, snapshot: &MountSnapshot) {
+        self.fence.learn(snapshot.state_paths.iter().cloned());
         let mut table = BTreeMap::new();
         for m in &snapshot.mounts {
             let opened = MountOptions::parse(&m.options).map_err(|e| e.to_string()).and_then(|o| {
@@ -179,11 +196,12 @@ mod tests {
             options: [("mode".to_string(), mode.to_string())].into(),
             block_size: 1 << 20,
         };
-        let mounts = Mounts::new(Arc::new(OpendalFactory));
+        let mounts = Mounts::new(Arc::new(OpendalFactory), strata_ufs::StateFence::new());
         assert!(matches!(mounts.resolve("/a/x").await, Err(ServeError::NoMount(_))), "no source, no table");
         mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
             epoch: 7,
             mounts: vec![spec("/a", "write-through"), spec("/b", "read-only"), spec("/bad", "sideways")],
+            state_paths: Vec::new(),
         })));
         let r = mounts.resolve("//a/x/").await.unwrap();
         assert_eq!((r.path.as_str(), r.rel.as_str()), ("/a/x", "x"));

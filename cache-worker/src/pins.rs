@@ -60,10 +60,38 @@ impl PinSet {
 
     /// Takes the master's whole list as of `epoch`.
     pub fn replace(&self, epoch: u64, rules: Vec<(String, TierKind)>) {
-        let n = rules.len();
-        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = rules;
+        self.replace_rules(rules);
+        self.set_epoch(epoch);
+    }
+
+    /// Takes the master's whole list, in force in the tiers' eviction from now on; returns the
+    /// rules that are new (their blocks may be in the other tier: see
+    /// [`PinSet::apply`]). The epoch is not moved: the caller says when the list is applied.
+    pub fn replace_rules(&self, rules: Vec<(String, TierKind)>) -> Vec<(String, TierKind)> {
+        let mut current = self.rules.write().unwrap_or_else(|p| p.into_inner());
+        let added = rules.iter().filter(|r| !current.contains(r)).cloned().collect();
+        *current = rules;
+        added
+    }
+
+    /// The list of `epoch` is in force here (reported to the master with the next heartbeat).
+    pub fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::Release);
-        info!(epoch, pins = n, "pins updated");
+        info!(epoch, pins = self.len(), "pins updated");
+    }
+
+    /// Takes the master's list as of `epoch` and puts it in force: the tiers' eviction passes
+    /// over the pinned blocks at once, and what `cache` holds of a newly pinned path in the
+    /// other tier is moved into the pinned one (written to NVMe, or read into DRAM) before the
+    /// epoch moves — so when the master hears the epoch, the pin holds whatever comes next.
+    pub async fn apply(&self, cache: &crate::cache::BlockCache, epoch: u64, rules: Vec<(String, TierKind)>) {
+        for (prefix, tier) in self.replace_rules(rules) {
+            let moved = cache.gather_pinned(tier, |k| identity_under(&prefix, &k.file)).await;
+            if moved > 0 {
+                info!(prefix = %prefix, tier = tier.label(), blocks = moved, "pinned blocks moved into their tier");
+            }
+        }
+        self.set_epoch(epoch);
     }
 
     /// Takes the master's whole list of paths' cache TTLs (with the pins of the same epoch).

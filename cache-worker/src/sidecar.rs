@@ -273,7 +273,7 @@ mod tests {
         std::fs::write(dir.path().join("f.bin"), &data).unwrap();
         let factory = Arc::new(CountingFactory::new(Arc::new(OpendalFactory)));
         let (cache, counters) = BlockCache::dram_only(1 << 20);
-        let mounts = Arc::new(Mounts::new(factory.clone()));
+        let mounts = Arc::new(Mounts::new(factory.clone(), strata_ufs::StateFence::new()));
         let uri = format!("file://{}", dir.path().display());
         mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
             epoch: 1,
@@ -283,6 +283,7 @@ mod tests {
                 options: Default::default(),
                 block_size: 1024,
             }],
+            state_paths: Vec::new(),
         })));
         let blocks = BlockService::for_tests(cache, counters, mounts);
         let version = factory.open(&uri, &Default::default()).unwrap().stat("f.bin").await.unwrap().version;

@@ -88,8 +88,13 @@ mod tests {
             block_size: 4,
             metadata_ttl_ms: 10,
             read_replicas: 2,
+            warnings: Vec::new(),
         };
-        view.set(membership.clone(), MountList { epoch: 3, mounts: vec![mount] }, 1_000);
+        view.set(
+            membership.clone(),
+            MountList { epoch: 3, mounts: vec![mount], state_paths: Vec::new() },
+            1_000,
+        );
         view.touch(900);
         view.touch(2_000);
         assert_eq!(view.epochs(), Some((7, 3)));

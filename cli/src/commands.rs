@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -58,10 +58,15 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Status { json } => status(&t, json).await,
         Command::Locate { path, json } => locate(&t, &path, json).await,
-        Command::Pin { path, tier, ttl } => pin(&t, &path, &tier, ttl.as_deref()).await,
-        Command::Unpin { path } => {
-            let p = connect(&t).await?.unpin(&path).await?;
-            eprintln!("unpinned {} ({})", p.path, strata_client::pin_tier_name(p.tier));
+        Command::Pin { path, tier, ttl, wait } => pin(&t, &path, &tier, ttl.as_deref(), &wait).await,
+        Command::Unpin { path, wait } => {
+            let p = connect(&t).await?.unpin_waiting(&path, parse_wait(&wait)?).await?;
+            eprintln!(
+                "unpinned {} ({}){}",
+                p.path,
+                strata_client::pin_tier_name(p.tier),
+                in_force(&p.applied)
+            );
             Ok(())
         }
         Command::Pins { json } => pins(&t, json).await,
@@ -148,8 +153,25 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
             .parse()
             .with_context(|| format!("--master {master_addr:?} is not an ip:port to listen on"))?,
     };
-    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
-    let dir = args.dir.canonicalize()?;
+    let cwd = std::env::current_dir().context("the current directory")?;
+    let dir = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => {
+            let legacy = cwd.join(".strata/master");
+            if legacy.is_dir() {
+                eprintln!(
+                    "strata: note: {} holds state of an earlier standalone; this one keeps its state outside \
+                     the directory it mounts (use --dir .strata to go on with the old one)",
+                    legacy.parent().unwrap_or(&legacy).display()
+                );
+            }
+            strata_security::token::standalone_state_dir(&cwd).unwrap_or_else(|| PathBuf::from(".strata"))
+        }
+    };
+    create_private_dir(&dir)?;
+    // The master and worker mark their own directories; this one holds them and the tokens.
+    let dir =
+        strata_ufs::mark_state_dir(&dir).with_context(|| format!("marking {} as state", dir.display()))?;
     let factory = Arc::new(OpendalFactory);
     let admin_token_file =
         args.admin_token_file.clone().unwrap_or_else(|| dir.join(strata_security::token::ADMIN_TOKEN_FILE));
@@ -192,11 +214,8 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
         false => Some(strata_client::Token(strata_security::token::read_token_file(&admin_token_file)?)),
     };
     let client = connect_with(client_cfg).await?;
-    let mounts = if args.mounts.is_empty() {
-        vec![format!("/local=file://{}", std::env::current_dir()?.display())]
-    } else {
-        args.mounts
-    };
+    let mounts =
+        if args.mounts.is_empty() { vec![format!("/local=file://{}", cwd.display())] } else { args.mounts };
     let existing = client.mounts().await?;
     for spec in mounts {
         let (path, uri) =
@@ -208,10 +227,13 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
                 m.uri
             ),
             None => {
-                client
+                let info = client
                     .add_mount(path, uri, HashMap::new())
                     .await
                     .with_context(|| format!("mounting {uri} at {path}"))?;
+                for w in &info.warnings {
+                    eprintln!("strata: warning: {w}");
+                }
             }
         }
     }
@@ -243,6 +265,25 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
     wait_for_shutdown().await?;
     worker.shutdown().await;
     master.shutdown().await;
+    Ok(())
+}
+
+/// A directory only its owner can enter (it holds tokens), made with its parents if missing.
+fn create_private_dir(dir: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mode =
+        std::fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} private (0700)", dir.display()))?;
+    }
     Ok(())
 }
 
@@ -423,6 +464,9 @@ async fn mount(target: &Target, cmd: MountCommand) -> Result<()> {
                 m.block_size,
                 m.metadata_ttl_ms
             )?;
+            for w in &m.warnings {
+                eprintln!("strata: warning: {w}");
+            }
         }
         MountCommand::Rm { path } => {
             client.remove_mount(&path).await?;
@@ -657,7 +701,28 @@ fn unix_ms_text(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms).map_or_else(|| ms.to_string(), |t| t.to_rfc3339())
 }
 
-async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>) -> Result<()> {
+fn parse_wait(wait: &str) -> Result<std::time::Duration> {
+    strata_common::units::parse_duration(wait)
+        .with_context(|| format!("--wait {wait:?}: expected a duration such as 10s"))
+}
+
+/// How far a change of pins or TTLs got: "; in force on N of M workers", and a warning naming
+/// the live workers that had not applied it when the master answered.
+fn in_force(applied: &Option<strata_client::Applied>) -> String {
+    let Some(a) = applied else { return String::new() };
+    if !a.pending.is_empty() {
+        eprintln!(
+            "strata: warning: not in force yet on {} of {} live workers ({}): they apply it at their next \
+             heartbeat; a frozen or unreachable one when it answers again, before it evicts anything",
+            a.pending.len(),
+            a.workers,
+            a.pending.join(", ")
+        );
+    }
+    format!("; in force on {} of {} workers", a.workers_applied, a.workers)
+}
+
+async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>, wait: &str) -> Result<()> {
     let tier = strata_client::parse_pin_tier(tier).map_err(|e| anyhow::anyhow!("--{e}"))?;
     let ttl = ttl
         .map(|t| {
@@ -666,13 +731,20 @@ async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>) -> Resu
                 .with_context(|| format!("--ttl {t:?}: expected a duration such as 30m, 12h or 7d"))
         })
         .transpose()?;
-    let p = connect(target).await?.pin(path, tier, ttl).await?;
+    let p = connect(target).await?.pin_waiting(path, tier, ttl, parse_wait(wait)?).await?;
     let until = if p.expires_unix_ms == 0 {
         String::new()
     } else {
         format!(" until {}", unix_ms_text(p.expires_unix_ms))
     };
-    eprintln!("pinned {} in {} ({} bytes){until}", p.path, strata_client::pin_tier_name(p.tier), p.bytes);
+    // What the pin holds is what the workers hold: say so, the output must not promise a load.
+    eprintln!(
+        "pinned {} in {} ({} bytes){until}{}; blocks not cached yet are kept once read or warmed up",
+        p.path,
+        strata_client::pin_tier_name(p.tier),
+        p.bytes,
+        in_force(&p.applied)
+    );
     Ok(())
 }
 
@@ -703,20 +775,21 @@ async fn pins(target: &Target, as_json: bool) -> Result<()> {
 async fn ttl_command(target: &Target, cmd: TtlCommand) -> Result<()> {
     let client = connect(target).await?;
     match cmd {
-        TtlCommand::Set { path, ttl } => {
+        TtlCommand::Set { path, ttl, wait } => {
             let d = strata_common::units::parse_duration(&ttl)
                 .filter(|d| !d.is_zero())
                 .with_context(|| format!("TTL {ttl:?}: expected a duration such as 30m, 12h or 7d"))?;
-            let r = client.set_cache_ttl(&path, Some(d)).await?;
+            let r = client.set_cache_ttl_waiting(&path, Some(d), parse_wait(&wait)?).await?;
             eprintln!(
-                "blocks under {} now leave the cache {} after a worker stores them",
+                "blocks under {} now leave the cache {} after a worker stores them{}",
                 r.path,
-                strata_common::units::format_duration(d)
+                strata_common::units::format_duration(d),
+                in_force(&r.applied)
             );
         }
-        TtlCommand::Clear { path } => {
-            let r = client.set_cache_ttl(&path, None).await?;
-            eprintln!("cleared the cache TTL of {}", r.path);
+        TtlCommand::Clear { path, wait } => {
+            let r = client.set_cache_ttl_waiting(&path, None, parse_wait(&wait)?).await?;
+            eprintln!("cleared the cache TTL of {}{}", r.path, in_force(&r.applied));
         }
         TtlCommand::Ls { json } => {
             let ttls = client.cache_ttls().await?;
@@ -740,16 +813,15 @@ async fn ttl_command(target: &Target, cmd: TtlCommand) -> Result<()> {
 }
 
 async fn free(target: &Target, path: &str, wait: &str) -> Result<()> {
-    let wait = strata_common::units::parse_duration(wait)
-        .with_context(|| format!("--wait {wait:?}: expected a duration such as 10s"))?;
-    let r = connect(target).await?.free(path, wait).await?;
+    let r = connect(target).await?.free(path, parse_wait(wait)?).await?;
+    let pending = if r.workers_pending.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} will at their next heartbeat)", r.workers_pending.join(", "))
+    };
     eprintln!(
-        "freed {} cached blocks ({} bytes) of {path}; {} of {} workers dropped them{}",
-        r.blocks,
-        r.bytes,
-        r.workers_done,
-        r.workers,
-        if r.workers_done < r.workers { " (the rest will at their next heartbeat)" } else { "" }
+        "freed {} cached blocks ({} bytes) of {path}; {} of {} workers dropped them{pending}",
+        r.blocks, r.bytes, r.workers_done, r.workers,
     );
     Ok(())
 }

@@ -38,8 +38,8 @@ struct Cli {
     #[arg(long, global = true, env = "STRATA_MASTER", default_value = strata_common::DEFAULT_MASTER_ADDR)]
     master: String,
     /// File holding the token to present (see docs/SECURITY.md). Default: STRATA_TOKEN, else
-    /// the file STRATA_TOKEN_FILE names, else a standalone's admin token in
-    /// <STRATA_DIR or .strata>/admin.token. `strata worker` presents it to the master and peers.
+    /// the file STRATA_TOKEN_FILE names, else the admin token of a standalone started in this
+    /// directory (its state dir, or STRATA_DIR). `strata worker` presents it to the master and peers.
     #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// The job this command reads for: its reads are recorded under it (see docs/LINEAGE.md),
@@ -164,9 +164,12 @@ enum Command {
         json: bool,
     },
     /// Pin the cached blocks of the files under PATH: the tier's eviction passes over them on
-    /// every worker (blocks are cached as they are read or warmed up: `strata warmup PATH`).
-    /// Durable on the master; refused when the pins of the tier would exceed its capacity
-    /// across the live workers. See docs/CACHE_CONTROL.md.
+    /// every worker. It loads nothing: blocks are cached as they are read or warmed up
+    /// (`strata warmup PATH`); what a worker already holds of PATH, in either tier, is moved
+    /// into the pinned tier. Durable on the master; refused when the pins of the tier would
+    /// exceed its capacity across the live workers. Returns once every live worker has the pin
+    /// in force, or after --wait, naming the workers that have not (they apply it at their next
+    /// heartbeat). See docs/CACHE_CONTROL.md.
     Pin {
         path: String,
         /// memory (DRAM) or nvme.
@@ -175,9 +178,18 @@ enum Command {
         /// Unpin by itself after this long (e.g. 12h, 7d). Default: until `strata unpin`.
         #[arg(long)]
         ttl: Option<String>,
+        /// How long to wait for every live worker to have the pin in force.
+        #[arg(long, default_value = "10s")]
+        wait: String,
     },
-    /// Remove the pin of PATH (exactly the path pinned).
-    Unpin { path: String },
+    /// Remove the pin of PATH (exactly the path pinned). Returns once every live worker has
+    /// dropped it, or after --wait, as `pin` does.
+    Unpin {
+        path: String,
+        /// How long to wait for every live worker to drop the pin.
+        #[arg(long, default_value = "10s")]
+        wait: String,
+    },
     /// List pins: path, tier, bytes when pinned, expiry.
     Pins {
         #[arg(long)]
@@ -232,13 +244,22 @@ enum Command {
 #[derive(Subcommand)]
 enum TtlCommand {
     /// Set the cache TTL of the files at or under PATH (e.g. `strata ttl set /data/tmp 6h`).
+    /// Returns once every live worker has it in force, or after --wait, as `pin` does.
     Set {
         path: String,
         /// How long a worker keeps a block after storing it: 30m, 12h, 7d.
         ttl: String,
+        /// How long to wait for every live worker to have it in force.
+        #[arg(long, default_value = "10s")]
+        wait: String,
     },
     /// Clear PATH's own cache TTL (its mount's `cache_ttl`, if any, applies again).
-    Clear { path: String },
+    Clear {
+        path: String,
+        /// How long to wait for every live worker to have it in force.
+        #[arg(long, default_value = "10s")]
+        wait: String,
+    },
     /// List paths with their own cache TTL.
     Ls {
         #[arg(long)]
@@ -274,9 +295,13 @@ enum TokenCommand {
 
 #[derive(Args)]
 struct StandaloneArgs {
-    /// Directory for all state (master store, worker id, NVMe tier).
-    #[arg(long, env = "STRATA_DIR", default_value = ".strata")]
-    dir: PathBuf,
+    /// Directory for all state (master store, tokens, worker id, NVMe tier). Default: outside
+    /// the current directory (which the standalone mounts), in
+    /// ~/.local/state/strata/standalone/<dir name>-<hash> ($XDG_STATE_HOME when set), where a
+    /// CLI run from the same directory finds the admin token. The cluster never serves its
+    /// own state, wherever it is (see docs/SECURITY.md).
+    #[arg(long, env = "STRATA_DIR")]
+    dir: Option<PathBuf>,
     /// Mounts to create at start, as /PATH=URI (repeatable). Default: /local=file://<current dir>.
     #[arg(long = "mount", value_name = "/PATH=URI")]
     mounts: Vec<String>,
@@ -290,7 +315,8 @@ struct StandaloneArgs {
     #[arg(long, default_value = "10GiB")]
     nvme: String,
     /// Accept every caller without a token (a machine nobody else can reach). By default the
-    /// standalone writes an admin token to <dir>/admin.token (mode 0600), which the CLI finds.
+    /// standalone writes an admin token to <dir>/admin.token (mode 0600), which the CLI run
+    /// from the same directory finds.
     #[arg(long)]
     no_auth: bool,
     /// Read the admin token from this file instead (e.g. a Kubernetes Secret); created with a

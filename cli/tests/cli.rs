@@ -471,62 +471,6 @@ fn ls_of_a_100k_entry_directory_streams_pages() {
     assert_eq!(serde_json::from_slice::<serde_json::Value>(&none.stdout).unwrap(), serde_json::json!([]));
 }
 
-/// The quickstart: `strata standalone` in a directory writes its admin token to
-/// `.strata/admin.token` (0600) and a CLI run from the same directory finds it; from elsewhere,
-/// without a token, the CLI is refused with an error that says what to do.
-#[test]
-fn the_cli_finds_the_standalone_admin_token_by_itself() {
-    use std::os::unix::fs::PermissionsExt;
-    let cwd = tempfile::tempdir().unwrap();
-    let elsewhere = tempfile::tempdir().unwrap();
-    let master = format!("127.0.0.1:{}", free_port());
-    let mut child = strata()
-        .current_dir(cwd.path())
-        .args(["--master", &master, "standalone", "--memory", "64MiB", "--nvme", "256MiB"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut printed = String::new();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) => {
-                printed.push_str(&line);
-                printed.push('\n');
-                if line.starts_with("try:") {
-                    break;
-                }
-            }
-            other => panic!("standalone exited before starting: {other:?}"),
-        }
-    }
-    let _node = Standalone(child);
-    let token_file = cwd.path().join(".strata/admin.token");
-    assert!(printed.contains("admin.token"), "the banner says where the token is: {printed}");
-    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600);
-
-    let here = strata().current_dir(cwd.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
-    assert!(here.status.success(), "{}", stderr(&here));
-    let away =
-        strata().current_dir(elsewhere.path()).args(["--master", &master, "ls", "/local"]).output().unwrap();
-    assert!(!away.status.success());
-    assert!(
-        stderr(&away).contains("no token") && stderr(&away).contains("STRATA_TOKEN"),
-        "{}",
-        stderr(&away)
-    );
-    let flag = strata()
-        .current_dir(elsewhere.path())
-        .args(["--master", &master, "--token-file"])
-        .arg(&token_file)
-        .args(["ls", "/local"])
-        .output()
-        .unwrap();
-    assert!(flag.status.success(), "--token-file: {}", stderr(&flag));
-}
-
 /// `strata token create|ls|revoke` and what each role may do, through the CLI.
 #[test]
 fn tokens_have_roles_scopes_and_can_be_revoked() {

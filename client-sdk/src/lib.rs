@@ -70,7 +70,9 @@ pub use prefetch::{MAX_HINTED_BLOCKS_PER_FILE, METRIC_PREFETCH_UNKNOWN, Prefetch
 pub use rdma::VerbsReader;
 pub use rdma::{EmulatedReader, METRIC_RDMA_FALLBACKS, RdmaMode, RdmaTransport, RemoteReader};
 pub use reader::StrataReader;
-pub use strata_proto::{CacheTtlInfo, FreeResponse, LocateResponse, PinInfo, PinTier, WorkerLocality};
+pub use strata_proto::{
+    Applied, CacheTtlInfo, FreeResponse, LocateResponse, PinInfo, PinTier, WorkerLocality,
+};
 pub use strata_proto::{JobInfo, JobState, LoadOptions, ScheduleInfo, TokenInfo};
 pub use strata_proto::{PendingFile, PersistState};
 pub use strata_security::tls::TlsConfig;
@@ -162,8 +164,9 @@ pub struct ClientConfig {
     /// `STRATA_NODE` when set and not blank (in Kubernetes, from `spec.nodeName`), else none.
     pub node: Option<String>,
     /// The token presented to the master (every call) and to workers (every new connection).
-    /// Default: `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else a standalone's
-    /// `<STRATA_DIR or .strata>/admin.token` when it exists; `None` for a cluster with
+    /// Default: `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else the admin token
+    /// of a standalone started in the current directory when it exists (see
+    /// `strata_security::token::client_token_from_env`); `None` for a cluster with
     /// authentication off. Never printed (`Debug` shows whether one is set).
     pub token: Option<Token>,
     /// The job this client reads for: its reads are recorded under it (docs/LINEAGE.md).
@@ -230,6 +233,11 @@ impl ClientConfig {
             qos: QosClass::from_env().ok().flatten().unwrap_or_default(),
         }
     }
+}
+
+/// A wait as the master takes it: zero asks for its default, anything else at least 1 ms.
+fn wait_ms(wait: Duration) -> u64 {
+    if wait.is_zero() { 0 } else { wait.as_millis().clamp(1, u64::MAX as u128) as u64 }
 }
 
 /// The token the environment names (see [`ClientConfig::token`]). A `STRATA_TOKEN_FILE` that
@@ -1424,28 +1432,60 @@ impl Client {
 
     /// Pins the cached blocks of the files under `path` in `tier` of every worker (NVMe when
     /// unspecified), until [`unpin`](Self::unpin) or for `ttl`. Refused when the pins of the
-    /// tier would exceed its capacity across the live workers.
+    /// tier would exceed its capacity across the live workers. Answers once every live worker
+    /// has the pin in force, or after 10 s: `applied` says which have not (see
+    /// [`pin_waiting`](Self::pin_waiting)).
     pub async fn pin(&self, path: &str, tier: PinTier, ttl: Option<Duration>) -> Result<PinInfo> {
+        self.pin_waiting(path, tier, ttl, Duration::ZERO).await
+    }
+
+    /// [`pin`](Self::pin), waiting at most `wait` (zero: the master's default, 10 s) for every
+    /// live worker to have the pin in force.
+    pub async fn pin_waiting(
+        &self,
+        path: &str,
+        tier: PinTier,
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<PinInfo> {
         let req = strata_proto::PinRequest {
             path: path.to_string(),
             tier: tier as i32,
             ttl_ms: ttl.map_or(0, |d| d.as_millis().min(u64::MAX as u128) as u64),
+            wait_ms: wait_ms(wait),
         };
         Ok(self.master().pin(req).await.map_err(self.rpc_err("pin"))?.into_inner())
     }
 
-    /// Removes the pin of exactly `path`.
+    /// Removes the pin of exactly `path`; answers as [`pin`](Self::pin) does.
     pub async fn unpin(&self, path: &str) -> Result<PinInfo> {
-        let req = strata_proto::UnpinRequest { path: path.to_string() };
+        self.unpin_waiting(path, Duration::ZERO).await
+    }
+
+    /// [`unpin`](Self::unpin), waiting at most `wait` as [`pin_waiting`](Self::pin_waiting).
+    pub async fn unpin_waiting(&self, path: &str, wait: Duration) -> Result<PinInfo> {
+        let req = strata_proto::UnpinRequest { path: path.to_string(), wait_ms: wait_ms(wait) };
         Ok(self.master().unpin(req).await.map_err(self.rpc_err("unpin"))?.into_inner())
     }
 
     /// Sets the cache TTL of the blocks under `path` (a file or a directory): every worker drops
     /// one that long after it stored it, whatever its mount's `cache_ttl`. `None` clears the
-    /// path's own TTL (`NotFound` when it has none).
+    /// path's own TTL (`NotFound` when it has none). Answers as [`pin`](Self::pin) does.
     pub async fn set_cache_ttl(&self, path: &str, ttl: Option<Duration>) -> Result<CacheTtlInfo> {
+        self.set_cache_ttl_waiting(path, ttl, Duration::ZERO).await
+    }
+
+    /// [`set_cache_ttl`](Self::set_cache_ttl), waiting at most `wait` as
+    /// [`pin_waiting`](Self::pin_waiting).
+    pub async fn set_cache_ttl_waiting(
+        &self,
+        path: &str,
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<CacheTtlInfo> {
         let cache_ttl_ms = ttl.map_or(0, |d| (d.as_millis() as u64).max(1));
-        let req = strata_proto::SetCacheTtlRequest { path: path.to_string(), cache_ttl_ms };
+        let req =
+            strata_proto::SetCacheTtlRequest { path: path.to_string(), cache_ttl_ms, wait_ms: wait_ms(wait) };
         Ok(self.master().set_cache_ttl(req).await.map_err(self.rpc_err("set_cache_ttl"))?.into_inner())
     }
 

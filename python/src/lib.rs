@@ -169,7 +169,19 @@ fn pin_dict<'py>(py: Python<'py>, p: &strata_client::PinInfo) -> PyResult<Bound<
     d.set_item("bytes", p.bytes)?;
     d.set_item("created", p.created_unix_ms as f64 / 1000.0)?;
     d.set_item("expires", (p.expires_unix_ms != 0).then(|| p.expires_unix_ms as f64 / 1000.0))?;
+    set_applied(&d, &p.applied)?;
     Ok(d)
+}
+
+/// The answer to a pin, unpin or TTL change: `workers` live, `workers_applied` of them with the
+/// change in force, `pending` the ids of the others (they apply it at their next heartbeat).
+fn set_applied(d: &Bound<'_, PyDict>, applied: &Option<strata_client::Applied>) -> PyResult<()> {
+    if let Some(a) = applied {
+        d.set_item("workers", a.workers)?;
+        d.set_item("workers_applied", a.workers_applied)?;
+        d.set_item("pending", a.pending.clone())?;
+    }
+    Ok(())
 }
 
 fn cache_ttl_dict<'py>(py: Python<'py>, t: &strata_client::CacheTtlInfo) -> PyResult<Bound<'py, PyDict>> {
@@ -177,6 +189,7 @@ fn cache_ttl_dict<'py>(py: Python<'py>, t: &strata_client::CacheTtlInfo) -> PyRe
     d.set_item("path", &t.path)?;
     d.set_item("ttl", t.cache_ttl_ms as f64 / 1000.0)?;
     d.set_item("created", t.created_unix_ms as f64 / 1000.0)?;
+    set_applied(&d, &t.applied)?;
     Ok(d)
 }
 
@@ -270,7 +283,7 @@ struct Client {
 impl Client {
     /// Connects at once, so a wrong address (or a refused token) fails here. `token`: the
     /// token to present; default `STRATA_TOKEN`, else the file `STRATA_TOKEN_FILE` names, else
-    /// a standalone's `<STRATA_DIR or .strata>/admin.token`. `qos`: `latency`, `throughput` or
+    /// the admin token of a standalone started in the current directory. `qos`: `latency`, `throughput` or
     /// `background`; default `STRATA_QOS`, else `throughput`.
     #[new]
     #[pyo3(signature = (master, token=None, job=None, qos=None))]
@@ -672,6 +685,7 @@ impl Client {
         d.set_item("bytes", r.bytes)?;
         d.set_item("workers", r.workers)?;
         d.set_item("workers_done", r.workers_done)?;
+        d.set_item("pending", r.workers_pending)?;
         Ok(d)
     }
 

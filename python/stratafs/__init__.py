@@ -77,7 +77,8 @@ class StrataFileSystem(AbstractFileSystem):
     comma-separated list (calls follow the leader); it defaults to ``$STRATA_MASTER``, then
     ``127.0.0.1:19998`` (as for the ``strata`` CLI). ``token`` is the token to present (see
     docs/SECURITY.md); it defaults to ``$STRATA_TOKEN``, then the file ``$STRATA_TOKEN_FILE``
-    names, then a standalone's ``.strata/admin.token`` (under ``$STRATA_DIR`` when set).
+    names, then the admin token of a standalone started in the current directory (in its state
+    directory, or ``$STRATA_DIR`` when set).
 
     ``wait_persisted`` makes every file written (``open(..., "wb")`` at ``close``, ``pipe_file``,
     ``put_file``) wait until it is in the UFS (on a ``mode=write-back`` mount a write returns once
@@ -261,13 +262,17 @@ class StrataFileSystem(AbstractFileSystem):
     def pin(self, path, tier="nvme", ttl=None):
         """Pins the cached blocks of the files under ``path`` in ``tier`` ("memory" or "nvme")
         of every worker: eviction passes over them. ``ttl`` (seconds) unpins by itself after
-        that long; None keeps the pin until ``unpin``. Returns the pin as a dict (``path``,
-        ``tier``, ``bytes``, ``created``, ``expires``). Raises ``OSError`` (ENOSPC) when the
-        tier's pins would exceed its capacity across the live workers."""
+        that long; None keeps the pin until ``unpin``. Returns once every live worker has the
+        pin in force (or after 10 s), as a dict: ``path``, ``tier``, ``bytes``, ``created``,
+        ``expires``, and ``workers``, ``workers_applied``, ``pending`` (ids of live workers that
+        had not applied it yet). It loads nothing: what is cached, or read later, is held.
+        Raises ``OSError`` (ENOSPC) when the tier's pins would exceed its capacity across the
+        live workers."""
         return self._client.pin(self._strip_protocol(path), tier, float(ttl or 0))
 
     def unpin(self, path):
-        """Removes the pin of exactly ``path``; ``FileNotFoundError`` if there is none."""
+        """Removes the pin of exactly ``path`` (in force when it returns, as ``pin``);
+        ``FileNotFoundError`` if there is none."""
         return self._client.unpin(self._strip_protocol(path))
 
     def pins(self):
@@ -277,7 +282,8 @@ class StrataFileSystem(AbstractFileSystem):
     def set_cache_ttl(self, path, ttl):
         """Workers drop the cached blocks of the files under ``path`` ``ttl`` seconds after they
         stored them, whatever the mount's ``cache_ttl``; ``ttl=None`` clears the path's own TTL
-        (``FileNotFoundError`` if it has none). Returns ``{"path", "ttl", "created"}``."""
+        (``FileNotFoundError`` if it has none). Returns once in force, as ``pin`` does:
+        ``{"path", "ttl", "created", "workers", "workers_applied", "pending"}``."""
         return self._client.set_cache_ttl(self._strip_protocol(path), float(ttl or 0))
 
     def cache_ttls(self):
@@ -287,7 +293,8 @@ class StrataFileSystem(AbstractFileSystem):
     def free(self, path, wait=10.0):
         """Drops the cached blocks of the files under ``path`` from every worker now (waiting up
         to ``wait`` seconds for all of them); nothing is read from the UFS until they are read
-        again. Returns a dict: ``blocks``, ``bytes``, ``workers``, ``workers_done``."""
+        again. Returns a dict: ``blocks``, ``bytes``, ``workers``, ``workers_done``,
+        ``pending`` (ids of live workers that had not dropped them yet)."""
         return self._client.free(self._strip_protocol(path), float(wait))
 
     # ---- write-back ----

@@ -373,10 +373,39 @@ pub fn read_or_create_token_file(path: &Path) -> Result<String, TokenFileError> 
     }
 }
 
+/// Where `strata standalone` run in `dir` keeps its state by default: outside `dir`, which it
+/// mounts (so its tokens are never in a directory it serves), under the user's state directory
+/// — `$XDG_STATE_HOME/strata/standalone/<name>-<hash>`, else `~/.local/state/...` — named after
+/// `dir` and a hash of its resolved path, so that a CLI run in the same directory finds it.
+/// `None` without a home directory.
+pub fn standalone_state_dir(dir: &Path) -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(state) => PathBuf::from(state),
+        None => PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".local/state"),
+    };
+    let resolved = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let digest = Sha256::digest(resolved.as_os_str().as_encoded_bytes());
+    let short: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let name: String = resolved
+        .file_name()
+        .map(|n| {
+            // Short enough that `<dir>/worker.sock` stays within a Unix socket's path limit.
+            n.to_string_lossy()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+                .take(32)
+                .collect()
+        })
+        .filter(|n: &String| !n.is_empty())
+        .unwrap_or_else(|| "root".to_string());
+    Some(base.join("strata/standalone").join(format!("{name}-{short}")))
+}
+
 /// The token a client presents when none is given explicitly: `STRATA_TOKEN`, else the file
-/// `STRATA_TOKEN_FILE` names, else a standalone's admin token in the state directory
-/// (`STRATA_DIR`, default `.strata`) when that file exists and is readable. `None` when there
-/// is none (a cluster with authentication off needs none).
+/// `STRATA_TOKEN_FILE` names, else a standalone's admin token when that file exists and is
+/// readable — in `STRATA_DIR` when set, else in the state directory of a standalone run in the
+/// current directory ([`standalone_state_dir`]), else in `./.strata` (a standalone started with
+/// `--dir .strata`). `None` when there is none (a cluster with authentication off needs none).
 pub fn client_token_from_env() -> Result<Option<String>, TokenFileError> {
     if let Ok(token) = std::env::var(TOKEN_ENV) {
         let token = token.trim();
@@ -387,12 +416,11 @@ pub fn client_token_from_env() -> Result<Option<String>, TokenFileError> {
     if let Some(path) = std::env::var_os(TOKEN_FILE_ENV).filter(|v| !v.is_empty()) {
         return read_token_file(Path::new(&path)).map(Some);
     }
-    let dir = std::env::var_os("STRATA_DIR").filter(|v| !v.is_empty()).unwrap_or_else(|| ".strata".into());
-    let standalone = Path::new(&dir).join(ADMIN_TOKEN_FILE);
-    match read_token_file(&standalone) {
-        Ok(token) => Ok(Some(token)),
-        Err(_) => Ok(None),
-    }
+    let candidates: Vec<PathBuf> = match std::env::var_os("STRATA_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => vec![PathBuf::from(dir)],
+        None => standalone_state_dir(Path::new(".")).into_iter().chain([PathBuf::from(".strata")]).collect(),
+    };
+    Ok(candidates.iter().find_map(|dir| read_token_file(&dir.join(ADMIN_TOKEN_FILE)).ok()))
 }
 
 #[cfg(test)]

@@ -181,13 +181,16 @@ async fn call(c: &mut MasterConn, rpc: &str) -> Result<(), tonic::Status> {
             .await
             .map(drop),
         "Sync" => c.sync(SyncRequest { path: p, retry_failed: true }).await.map(drop),
-        "Pin" => c.pin(PinRequest { path: p, tier: PinTier::Memory as i32, ttl_ms: 0 }).await.map(drop),
-        "Unpin" => c.unpin(UnpinRequest { path: p }).await.map(drop),
+        "Pin" => {
+            c.pin(PinRequest { path: p, tier: PinTier::Memory as i32, ttl_ms: 0, wait_ms: 1 }).await.map(drop)
+        }
+        "Unpin" => c.unpin(UnpinRequest { path: p, wait_ms: 1 }).await.map(drop),
         "ListPins" => c.list_pins(Empty {}).await.map(drop),
         "Free" => c.free(FreeRequest { path: p, wait_ms: 1 }).await.map(drop),
-        "SetCacheTtl" => {
-            c.set_cache_ttl(strata_proto::SetCacheTtlRequest { path: p, cache_ttl_ms: 1000 }).await.map(drop)
-        }
+        "SetCacheTtl" => c
+            .set_cache_ttl(strata_proto::SetCacheTtlRequest { path: p, cache_ttl_ms: 1000, wait_ms: 1 })
+            .await
+            .map(drop),
         "ListCacheTtls" => c.list_cache_ttls(Empty {}).await.map(drop),
         "ReportLineage" => c.report_lineage(lineage_report("reporter", &p)).await.map(drop),
         "MarkLineage" => c

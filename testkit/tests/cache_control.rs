@@ -178,3 +178,104 @@ async fn what_cannot_be_done_is_refused_clearly() {
     })
     .await;
 }
+
+/// One worker with 1 s heartbeats (the default), DRAM and NVMe smaller than a scan.
+fn one_worker() -> ClusterOptions {
+    ClusterOptions {
+        workers: 1,
+        heartbeat_interval_ms: 1_000,
+        memory_capacity: 4 * MIB as u64,
+        nvme_capacity: 8 * MIB as u64,
+        ..ClusterOptions::default()
+    }
+}
+
+/// UFS bytes read of `rel` (relative to the mount's directory) so far.
+fn ufs_bytes(cluster: &Cluster, rel: &str) -> u64 {
+    cluster.range_reads().bytes_of(rel)
+}
+
+/// A pin is in force when `pin` returns (issue 42): twenty rounds of pinning a file not yet
+/// cached, reading it at once, scanning twice the cache, and reading it again — no wait, no
+/// flush anywhere — and the second read moves no UFS byte. Before, the worker learnt the pin
+/// with its next heartbeat, a second later, after the scan had evicted the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pin_holds_what_is_read_the_moment_it_returns() {
+    let cluster = Cluster::start(one_worker()).await;
+    let cold = files(&cluster, "cold", 16, 500);
+    let client = cluster.client().await;
+    for round in 0..20 {
+        let data = pattern(3 * MIB, round);
+        cluster.write_file(&format!("hot{round}.bin"), &data);
+        let (path, rel) = (format!("/data/hot{round}.bin"), format!("hot{round}.bin"));
+        let pin = client.pin(&path, PinTier::Nvme, None).await.unwrap();
+        let applied = pin.applied.expect("a pin says where it is in force");
+        assert_eq!((applied.workers, applied.workers_applied), (1, 1), "round {round}: {applied:?}");
+        assert_eq!(client.read_all(&path).await.unwrap()[..], data[..]);
+        assert_eq!(ufs_bytes(&cluster, &rel), 3 * MIB as u64);
+        read_each(&client, &cold).await;
+        assert_eq!(client.read_all(&path).await.unwrap()[..], data[..]);
+        assert_eq!(ufs_bytes(&cluster, &rel), 3 * MIB as u64, "round {round}: the pinned file was evicted");
+        // Unpinned (in force at once too), so that the pins never outgrow the tier.
+        let unpinned = client.unpin(&path).await.unwrap();
+        assert_eq!(unpinned.applied.map(|a| a.workers_applied), Some(1));
+        assert!(cluster.worker(0).pins.is_empty(), "the unpin is in force when it returns");
+    }
+    // The control: the same sequence without a pin loses the file to the scan.
+    let data = pattern(3 * MIB, 99);
+    cluster.write_file("control.bin", &data);
+    client.read_all("/data/control.bin").await.unwrap();
+    read_each(&client, &cold).await;
+    client.read_all("/data/control.bin").await.unwrap();
+    assert!(ufs_bytes(&cluster, "control.bin") > 3 * MIB as u64, "the scan evicts what is not pinned");
+}
+
+/// A worker that learns a pin moves what it holds of the path into the pinned tier before the
+/// pin is reported in force: DRAM blocks not yet on NVMe are written there for an NVMe pin,
+/// NVMe blocks are read into DRAM for a DRAM pin — so a scan right after evicts none of them.
+/// (Writing DRAM blocks back when reads go quiet is turned off, so only the pin can move them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pin_takes_in_what_the_worker_already_holds_in_either_tier() {
+    use strata_worker::tier::TierKind::{self, Memory, Nvme};
+    for case in ["dram, pinned on nvme", "nvme, pinned in dram", "dram, pinned in dram"] {
+        let cluster = Cluster::start(ClusterOptions { nvme_capacity: 16 * MIB as u64, ..one_worker() }).await;
+        let worker = cluster.worker(0);
+        worker.blocks.cache().set_writeback_idle(Duration::from_secs(3600));
+        let cold = files(&cluster, "cold", 24, 600);
+        let client = cluster.client().await;
+        let held_in = |kind: TierKind| {
+            let tiers = worker.blocks.cache().tiers();
+            let tier = tiers.iter().find(|t| t.kind() == kind).unwrap();
+            tier.keys().iter().filter(|(k, _)| k.file.contains("/hot.bin")).count()
+        };
+        let data = pattern(2 * MIB, 1);
+        cluster.write_file("hot.bin", &data);
+        client.read_all("/data/hot.bin").await.unwrap();
+        assert_eq!((held_in(Memory), held_in(Nvme)), (2, 0), "{case}: read into DRAM only");
+        let tier = match case {
+            "dram, pinned on nvme" => PinTier::Nvme,
+            "nvme, pinned in dram" => {
+                // DRAM evicts it (onto NVMe: it was dirty).
+                read_each(&client, &cold[..6]).await;
+                cluster.flush().await;
+                assert_eq!((held_in(Memory), held_in(Nvme)), (0, 2), "{case}: on NVMe only");
+                PinTier::Memory
+            }
+            _ => PinTier::Memory,
+        };
+        client.pin("/data/hot.bin", tier, None).await.unwrap();
+        let pinned_in = if tier == PinTier::Nvme { Nvme } else { Memory };
+        assert_eq!(held_in(pinned_in), 2, "{case}: moved into the pinned tier before the pin answered");
+        read_each(&client, &cold).await;
+        cluster.flush().await;
+        assert_eq!(held_in(pinned_in), 2, "{case}: kept through the scan");
+        assert_eq!(client.read_all("/data/hot.bin").await.unwrap()[..], data[..]);
+        assert_eq!(ufs_bytes(&cluster, "hot.bin"), 2 * MIB as u64, "{case}: no byte from the UFS again");
+        if case == "dram, pinned in dram" {
+            // A cache TTL is in force when `ttl set` returns, too.
+            let ttl = client.set_cache_ttl("/data/cold", Some(Duration::from_secs(3600))).await.unwrap();
+            assert_eq!(ttl.applied.map(|a| (a.workers, a.workers_applied)), Some((1, 1)));
+            assert!(worker.pins.has_cache_ttls());
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! A mount's URI and options become a `Ufs` through a [`UfsFactory`], so tests can hand the
 //! master and workers a counting or failing UFS without touching their code.
 
+mod fence;
 mod opendal_ufs;
 mod spec;
 #[cfg(any(test, feature = "testing"))]
@@ -23,6 +24,7 @@ use futures::stream::BoxStream;
 use strata_common::ErrorKind;
 use thiserror::Error;
 
+pub use fence::{Fenced, STATE_MARKER, StateFence, mark_state_dir};
 pub use opendal_ufs::{
     DEFAULT_UFS_IO_TIMEOUT, DEFAULT_UFS_READ_PARALLELISM, DEFAULT_UFS_RETRIES, DEFAULT_UFS_TIMEOUT,
     MIN_UFS_READ_PIECE, OpendalFactory, OpendalUfs,

@@ -57,6 +57,9 @@ pub struct OpendalUfs {
     /// [`MIN_UFS_READ_PIECE`]): one object-store stream runs at a fraction of the store's rate,
     /// so a cold block arrives sooner in parallel pieces.
     read_parallelism: usize,
+    /// A local directory's root: listed here rather than by opendal, whose fs lister asserts
+    /// (and panics, in a debug build) on a symbolic link to a directory.
+    local_root: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +159,11 @@ impl OpendalUfs {
         } else {
             RecursiveListing::Walk
         };
-        Ok(Self { op, conditional_reads, recursive_listing, read_parallelism })
+        let local_root = match &spec {
+            UfsSpec::Fs { root } => Some(std::path::PathBuf::from(root)),
+            _ => None,
+        };
+        Ok(Self { op, conditional_reads, recursive_listing, read_parallelism, local_root })
     }
 }
 
@@ -196,6 +203,43 @@ fn io_kind(err: &opendal::Error) -> Option<std::io::ErrorKind> {
         source = e.source();
     }
     None
+}
+
+/// A local directory's entries, described as a stat of each describes it: a symbolic link as
+/// what it leads to (a dangling one is left out), a file's version from its mtime and size.
+/// Names that are not UTF-8 cannot be Strata paths and are left out, like writes in progress.
+fn list_local(root: &std::path::Path, rel: &str) -> Result<Vec<UfsEntry>> {
+    let dir = if rel.is_empty() { root.to_path_buf() } else { root.join(rel) };
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => UfsError::NotFound(rel.to_string()),
+        std::io::ErrorKind::NotADirectory => UfsError::NotADirectory(format!("{rel}: not a directory")),
+        std::io::ErrorKind::PermissionDenied => UfsError::PermissionDenied(format!("{rel}: {e}")),
+        _ => UfsError::Other(format!("{rel}: {e}")),
+    };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        if crate::write::is_staging_name(&name) {
+            continue;
+        }
+        // Gone meanwhile, or a link leading nowhere.
+        let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
+        let is_dir = meta.is_dir();
+        let size = if is_dir { 0 } else { meta.len() };
+        let version = if is_dir { String::new() } else { synthetic_version(mtime_ns, size) };
+        out.push(UfsEntry {
+            name,
+            meta: ObjectMeta { is_dir, size, version, mtime_ms: (mtime_ns / 1_000_000) as i64 },
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
 }
 
 fn to_meta(meta: &Metadata) -> ObjectMeta {
@@ -245,6 +289,12 @@ impl Ufs for OpendalUfs {
     }
 
     async fn list(&self, dir: &str) -> Result<Vec<UfsEntry>> {
+        if let Some(root) = &self.local_root {
+            let (root, rel) = (root.clone(), dir.trim_matches('/').to_string());
+            return tokio::task::spawn_blocking(move || list_local(&root, &rel))
+                .await
+                .map_err(|e| UfsError::Other(format!("{dir}: listing did not finish: {e}")))?;
+        }
         let dir_path =
             if dir.is_empty() { "/".to_string() } else { format!("{}/", dir.trim_end_matches('/')) };
         let entries = self.op.list(&dir_path).await.map_err(|e| map_err(dir, e))?;

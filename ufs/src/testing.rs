@@ -283,6 +283,10 @@ impl crate::UfsWrite for CountingUfs {
         self.counters.appends.fetch_add(1, Ordering::SeqCst);
         self.inner.as_write().expect("as_write checked it").appender(path).await
     }
+
+    async fn check_write(&self, path: &str) -> Result<()> {
+        self.inner.as_write().expect("as_write checked it").check_write(path).await
+    }
 }
 
 /// Wraps another factory's UFSes in [`CountingUfs`].

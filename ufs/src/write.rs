@@ -72,6 +72,13 @@ pub trait UfsWrite: Send + Sync {
     /// Makes a directory (and its parents). On object stores a directory is an empty
     /// `path/` marker object.
     async fn create_dir(&self, path: &str) -> Result<()>;
+
+    /// Whether a write to `path` would be refused for where it goes (a local directory's
+    /// fenced state, see `fence`), checked before a write is accepted that reaches the UFS
+    /// only later (write-back). Ok by default: most services refuse nothing by path.
+    async fn check_write(&self, _path: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[async_trait]

@@ -65,7 +65,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
     let (cache, counters) = BlockCache::dram_only(1 << 20);
     let factory = strata_ufs::testing::CountingFactory::new(Arc::new(strata_ufs::OpendalFactory));
     let ufs_faults = factory.faults.clone();
-    let mounts = Arc::new(Mounts::new(Arc::new(factory)));
+    let mounts = Arc::new(Mounts::new(Arc::new(factory), strata_ufs::StateFence::new()));
     mounts.set_source(Arc::new(StaticMounts(MountSnapshot {
         epoch: 1,
         mounts: vec![MountSpec {
@@ -74,6 +74,7 @@ fn fixture(config: WorkerConfig) -> Fixture {
             options: [("mode".to_string(), "write-through".to_string())].into(),
             block_size: 1024,
         }],
+        state_paths: Vec::new(),
     })));
     let clock = strata_common::clock::system();
     let blocks = BlockService::for_tests(cache, counters, mounts);
