@@ -120,7 +120,7 @@ async fn main() {
     let ufs = dir.path().join("ufs");
     std::fs::create_dir_all(&ufs).unwrap();
     let uri = format!("file://{}", ufs.display());
-    client.add_mount("/warm", &uri, Default::default()).await.expect("first write");
+    client.admin().add_mount("/warm", &uri, Default::default()).await.expect("first write");
 
     println!(
         "failover: leader SIGKILL -> first successful AddMount on the new leader (lease {} ms)",
@@ -128,19 +128,19 @@ async fn main() {
     );
     let mut times = Vec::new();
     for run in 0..args.runs {
-        let leader = client.status().await.expect("status").leader;
+        let leader = client.admin().status().await.expect("status").leader;
         let i = addrs.iter().position(|a| *a == leader).expect("the leader is one of ours");
         let killed_at = Instant::now();
         masters[i] = None; // SIGKILL
         let path = format!("/run{run}");
         loop {
-            if client.add_mount(&path, &uri, Default::default()).await.is_ok() {
+            if client.admin().add_mount(&path, &uri, Default::default()).await.is_ok() {
                 break;
             }
             assert!(killed_at.elapsed() < Duration::from_secs(60), "no write within 60 s");
         }
         let took = killed_at.elapsed();
-        let new = client.status().await.expect("status").leader;
+        let new = client.admin().status().await.expect("status").leader;
         println!(
             "run {run}: {:.2} s ({leader} -> {new}), load average {}",
             took.as_secs_f64(),

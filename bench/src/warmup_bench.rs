@@ -52,8 +52,8 @@ async fn put_many(op: &opendal::Operator, prefix: &str, n: u64, len: u64) {
 
 async fn warm(client: &Client, path: &str, opts: LoadOptions) -> Duration {
     let started = Instant::now();
-    let job = client.submit_load(path, opts).await.expect("submit");
-    let done = client.wait_job(&job.id, Duration::from_millis(50), |_| {}).await.expect("job");
+    let job = client.admin().submit_load(path, opts).await.expect("submit");
+    let done = client.admin().wait_job(&job.id, Duration::from_millis(50), |_| {}).await.expect("job");
     assert_eq!(done.state(), JobState::Succeeded, "{done:?}");
     started.elapsed()
 }
@@ -175,11 +175,11 @@ async fn qos(ufs: TestUfs) {
 
     let d = Duration::from_secs(6);
     let alone = foreground(&client, &hot, d).await;
-    let job = client.submit_load("/data/cold", LoadOptions::default()).await.expect("submit");
+    let job = client.admin().submit_load("/data/cold", LoadOptions::default()).await.expect("submit");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let with = foreground(&client, &hot, d).await;
-    let progress = client.job_status(&job.id).await.expect("status");
-    let done = client.wait_job(&job.id, Duration::from_millis(100), |_| {}).await.expect("job");
+    let progress = client.admin().job_status(&job.id).await.expect("status");
+    let done = client.admin().wait_job(&job.id, Duration::from_millis(100), |_| {}).await.expect("job");
     println!("ufs {name}, 3 workers, 4 readers of cached 256 KiB ranges for {} s", d.as_secs());
     for (label, lat) in [("alone", &alone), ("with warmup", &with)] {
         println!(

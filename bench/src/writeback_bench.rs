@@ -785,10 +785,10 @@ async fn main() {
     let mut wb = ufs_options.clone();
     wb.insert("mode".into(), "write-back".into());
     wb.insert("write_replicas".into(), args.write_replicas.to_string());
-    client.add_mount("/wb", &format!("{base}/wb"), wb).await.expect("mount /wb");
+    client.admin().add_mount("/wb", &format!("{base}/wb"), wb).await.expect("mount /wb");
     let mut wt = ufs_options;
     wt.insert("mode".into(), "write-through".into());
-    client.add_mount("/wt", &format!("{base}/wt"), wt).await.expect("mount /wt");
+    client.admin().add_mount("/wt", &format!("{base}/wt"), wt).await.expect("mount /wt");
 
     let journal_fs = cluster.nvme_dir(0);
     println!(

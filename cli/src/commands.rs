@@ -60,7 +60,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Locate { path, json } => locate(&t, &path, json).await,
         Command::Pin { path, tier, ttl, wait } => pin(&t, &path, &tier, ttl.as_deref(), &wait).await,
         Command::Unpin { path, wait } => {
-            let p = connect(&t).await?.unpin_waiting(&path, parse_wait(&wait)?).await?;
+            let p = connect(&t).await?.admin().unpin_waiting(&path, parse_wait(&wait)?).await?;
             eprintln!(
                 "unpinned {} ({}){}",
                 p.path,
@@ -95,7 +95,7 @@ fn size(flag: &str, value: &str) -> Result<u64> {
 }
 
 async fn connect(target: &Target) -> Result<Client> {
-    let mut config = ClientConfig::new(&target.master);
+    let mut config = ClientConfig::from_env(&target.master);
     if let Some(token) = &target.token {
         config.token = Some(strata_client::Token(token.clone()));
     }
@@ -216,7 +216,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
     let client = connect_with(client_cfg).await?;
     let mounts =
         if args.mounts.is_empty() { vec![format!("/local=file://{}", cwd.display())] } else { args.mounts };
-    let existing = client.mounts().await?;
+    let existing = client.admin().mounts().await?;
     for spec in mounts {
         let (path, uri) =
             spec.split_once('=').with_context(|| format!("--mount {spec:?}: expected /PATH=URI"))?;
@@ -228,6 +228,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
             ),
             None => {
                 let info = client
+                    .admin()
                     .add_mount(path, uri, HashMap::new())
                     .await
                     .with_context(|| format!("mounting {uri} at {path}"))?;
@@ -237,7 +238,7 @@ async fn standalone(master_addr: &str, args: StandaloneArgs, tls: &TlsArgs) -> R
             }
         }
     }
-    let mounts = client.mounts().await?;
+    let mounts = client.admin().mounts().await?;
     println!("strata standalone is running");
     println!("  master   {}  (metrics and health: http://{}/metrics)", master.rpc_addr, master.http_addr);
     println!(
@@ -456,28 +457,28 @@ async fn mount(target: &Target, cmd: MountCommand) -> Result<()> {
                     o.split_once('=').with_context(|| format!("--option {o:?}: expected KEY=VALUE"))?;
                 opts.insert(k.to_string(), v.to_string());
             }
-            let m = client.add_mount(&path, &uri, opts).await?;
+            let m = client.admin().add_mount(&path, &uri, opts).await?;
             outln!(
                 "mounted {} -> {} (block size {}, metadata ttl {} ms)",
                 m.path,
                 m.uri,
                 m.block_size,
-                m.metadata_ttl_ms
+                m.metadata_ttl.as_millis()
             )?;
             for w in &m.warnings {
                 eprintln!("strata: warning: {w}");
             }
         }
         MountCommand::Rm { path } => {
-            client.remove_mount(&path).await?;
+            client.admin().remove_mount(&path).await?;
             outln!("unmounted {path}")?;
         }
         MountCommand::Ls { json } => {
-            let mounts = client.mounts().await?;
+            let mounts = client.admin().mounts().await?;
             if json {
                 let v: Vec<_> = mounts
                     .iter()
-                    .map(|m| json!({"path": m.path, "uri": m.uri, "options": m.options, "block_size": m.block_size, "metadata_ttl_ms": m.metadata_ttl_ms}))
+                    .map(|m| json!({"path": m.path, "uri": m.uri, "options": m.options, "block_size": m.block_size, "metadata_ttl_ms": m.metadata_ttl.as_millis() as u64}))
                     .collect();
                 outln!("{}", serde_json::to_string_pretty(&v)?)?;
             } else {
@@ -544,11 +545,11 @@ fn pins_covering<'p>(pins: &'p [strata_client::PinInfo], path: &str) -> Vec<&'p 
 /// master cannot say.
 async fn effective_cache_ttl(client: &Client, path: &str) -> Option<(u64, String)> {
     let under = |root: &str| strata_common::path::strip_mount(root, path).is_some();
-    let ttls = client.cache_ttls().await.unwrap_or_default();
+    let ttls = client.admin().cache_ttls().await.unwrap_or_default();
     if let Some(t) = ttls.iter().filter(|t| under(&t.path)).max_by_key(|t| t.path.len()) {
         return Some((t.cache_ttl_ms, format!("ttl {}", t.path)));
     }
-    let mounts = client.mounts().await.ok()?;
+    let mounts = client.admin().mounts().await.ok()?;
     let mount = mounts.iter().filter(|m| under(&m.path)).max_by_key(|m| m.path.len())?;
     let ttl = strata_common::units::parse_duration(mount.options.get("cache_ttl")?)?;
     Some((ttl.as_millis() as u64, format!("mount {}", mount.path)))
@@ -559,7 +560,7 @@ async fn stat(target: &Target, path: &str, sync: bool, as_json: bool) -> Result<
     let f = client.stat_with(path, sync).await?;
     // Pins are a separate question to the master; one that cannot answer it (an older
     // master) still gets the file's status.
-    let pins = client.pins().await.unwrap_or_default();
+    let pins = client.admin().pins().await.unwrap_or_default();
     let covering = pins_covering(&pins, &f.path);
     let cache_ttl = effective_cache_ttl(&client, &f.path).await;
     if as_json {
@@ -731,7 +732,7 @@ async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>, wait: &
                 .with_context(|| format!("--ttl {t:?}: expected a duration such as 30m, 12h or 7d"))
         })
         .transpose()?;
-    let p = connect(target).await?.pin_waiting(path, tier, ttl, parse_wait(wait)?).await?;
+    let p = connect(target).await?.admin().pin_waiting(path, tier, ttl, parse_wait(wait)?).await?;
     let until = if p.expires_unix_ms == 0 {
         String::new()
     } else {
@@ -749,7 +750,7 @@ async fn pin(target: &Target, path: &str, tier: &str, ttl: Option<&str>, wait: &
 }
 
 async fn pins(target: &Target, as_json: bool) -> Result<()> {
-    let pins = connect(target).await?.pins().await?;
+    let pins = connect(target).await?.admin().pins().await?;
     if as_json {
         let items: Vec<_> = pins
             .iter()
@@ -779,7 +780,7 @@ async fn ttl_command(target: &Target, cmd: TtlCommand) -> Result<()> {
             let d = strata_common::units::parse_duration(&ttl)
                 .filter(|d| !d.is_zero())
                 .with_context(|| format!("TTL {ttl:?}: expected a duration such as 30m, 12h or 7d"))?;
-            let r = client.set_cache_ttl_waiting(&path, Some(d), parse_wait(&wait)?).await?;
+            let r = client.admin().set_cache_ttl_waiting(&path, Some(d), parse_wait(&wait)?).await?;
             eprintln!(
                 "blocks under {} now leave the cache {} after a worker stores them{}",
                 r.path,
@@ -788,11 +789,11 @@ async fn ttl_command(target: &Target, cmd: TtlCommand) -> Result<()> {
             );
         }
         TtlCommand::Clear { path, wait } => {
-            let r = client.set_cache_ttl_waiting(&path, None, parse_wait(&wait)?).await?;
+            let r = client.admin().set_cache_ttl_waiting(&path, None, parse_wait(&wait)?).await?;
             eprintln!("cleared the cache TTL of {}{}", r.path, in_force(&r.applied));
         }
         TtlCommand::Ls { json } => {
-            let ttls = client.cache_ttls().await?;
+            let ttls = client.admin().cache_ttls().await?;
             let text = |ms: u64| strata_common::units::format_duration(std::time::Duration::from_millis(ms));
             if json {
                 let items: Vec<_> = ttls
@@ -813,7 +814,7 @@ async fn ttl_command(target: &Target, cmd: TtlCommand) -> Result<()> {
 }
 
 async fn free(target: &Target, path: &str, wait: &str) -> Result<()> {
-    let r = connect(target).await?.free(path, parse_wait(wait)?).await?;
+    let r = connect(target).await?.admin().free(path, parse_wait(wait)?).await?;
     let pending = if r.workers_pending.is_empty() {
         String::new()
     } else {
@@ -863,7 +864,7 @@ async fn sync(target: &Target, path: &str, wait: Option<&str>, as_json: bool) ->
 }
 
 async fn locate(target: &Target, path: &str, as_json: bool) -> Result<()> {
-    let r = connect(target).await?.locate(path).await?;
+    let r = connect(target).await?.admin().locate(path).await?;
     if as_json {
         let workers: Vec<_> = r
             .workers
@@ -911,7 +912,7 @@ async fn locate(target: &Target, path: &str, as_json: bool) -> Result<()> {
 
 async fn status(target: &Target, as_json: bool) -> Result<()> {
     let client = connect(target).await?;
-    let s = client.status().await?;
+    let s = client.admin().status().await?;
     let totals = s.totals.unwrap_or_default();
     let counters = |c: &strata_proto::WorkerCounters| {
         json!({"cache_hits": c.cache_hits, "cache_misses": c.cache_misses, "ufs_reads": c.ufs_reads,
@@ -1039,7 +1040,8 @@ async fn token_command(target: &Target, cmd: TokenCommand) -> Result<()> {
     let client = connect(target).await?;
     match cmd {
         TokenCommand::Create { role, prefix, name } => {
-            let (info, token) = client.create_token(&role, prefix.as_deref().unwrap_or(""), &name).await?;
+            let (info, token) =
+                client.admin().create_token(&role, prefix.as_deref().unwrap_or(""), &name).await?;
             let scope = if info.prefix.is_empty() { "all paths".to_string() } else { info.prefix.clone() };
             outln!(
                 "created token {}: role {}, scope {}; shown once, store it now:",
@@ -1051,7 +1053,7 @@ async fn token_command(target: &Target, cmd: TokenCommand) -> Result<()> {
             outln!("{token}")?;
         }
         TokenCommand::Ls { json } => {
-            let tokens = client.list_tokens().await?;
+            let tokens = client.admin().list_tokens().await?;
             if json {
                 let v: Vec<_> = tokens
                     .iter()
@@ -1072,7 +1074,7 @@ async fn token_command(target: &Target, cmd: TokenCommand) -> Result<()> {
             }
         }
         TokenCommand::Revoke { id } => {
-            let t = client.revoke_token(&id).await?;
+            let t = client.admin().revoke_token(&id).await?;
             outln!(
                 "revoked token {} ({}{})",
                 t.id,

@@ -203,7 +203,7 @@ fn outcome(job: &JobInfo) -> Result<()> {
 }
 
 pub async fn warmup(client: &Client, args: WarmupArgs) -> Result<()> {
-    let job = client.submit_load(&args.path, args.load.options()?).await?;
+    let job = client.admin().submit_load(&args.path, args.load.options()?).await?;
     if args.detach {
         if args.json {
             outln!("{}", json!({"id": job.id}))?;
@@ -213,7 +213,7 @@ pub async fn warmup(client: &Client, args: WarmupArgs) -> Result<()> {
         return Ok(());
     }
     let done = if args.json {
-        client.wait_job(&job.id, Duration::from_millis(500), |_| {}).await?
+        client.admin().wait_job(&job.id, Duration::from_millis(500), |_| {}).await?
     } else {
         follow(client, &job.id).await?
     };
@@ -236,6 +236,7 @@ async fn follow(client: &Client, id: &str) -> Result<JobInfo> {
     bar.enable_steady_tick(Duration::from_millis(200));
     let started = Instant::now();
     let done = client
+        .admin()
         .wait_job(id, Duration::from_millis(300), |job| {
             bar.set_length(job.bytes_total.max(1));
             bar.set_position(job.bytes_done);
@@ -263,10 +264,12 @@ async fn follow(client: &Client, id: &str) -> Result<JobInfo> {
 
 pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
     match cmd {
-        JobCommand::Ls { json } => print_jobs(&client.list_jobs(false, 0).await?, json),
-        JobCommand::History { limit, json } => print_jobs(&client.list_jobs(true, limit).await?, json),
+        JobCommand::Ls { json } => print_jobs(&client.admin().list_jobs(false, 0).await?, json),
+        JobCommand::History { limit, json } => {
+            print_jobs(&client.admin().list_jobs(true, limit).await?, json)
+        }
         JobCommand::Status { id, json } => {
-            let job = client.job_status(&id).await?;
+            let job = client.admin().job_status(&id).await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&job_json(&job))?)?;
             } else {
@@ -285,12 +288,12 @@ pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
             outcome(&job)
         }
         JobCommand::Cancel { id } => {
-            let job = client.cancel_job(&id).await?;
+            let job = client.admin().cancel_job(&id).await?;
             outln!("{}", summary_line(&job))?;
             Ok(())
         }
         JobCommand::Schedule { cron, tz, path, load, json } => {
-            let s = client.add_schedule(&cron, &tz, &path, load.options()?).await?;
+            let s = client.admin().add_schedule(&cron, &tz, &path, load.options()?).await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&schedule_json(&s))?)?;
             } else {
@@ -299,12 +302,12 @@ pub async fn job(client: &Client, cmd: JobCommand) -> Result<()> {
             Ok(())
         }
         JobCommand::Unschedule { id } => {
-            client.remove_schedule(&id).await?;
+            client.admin().remove_schedule(&id).await?;
             outln!("removed schedule {id}")?;
             Ok(())
         }
         JobCommand::Schedules { json } => {
-            let all = client.list_schedules().await?;
+            let all = client.admin().list_schedules().await?;
             if json {
                 let v: Vec<Value> = all.iter().map(schedule_json).collect();
                 outln!("{}", serde_json::to_string_pretty(&v)?)?;

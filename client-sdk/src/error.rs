@@ -152,6 +152,26 @@ impl ClientError {
         }
     }
 
+    /// The same error again, for each of several requests it ended.
+    pub(crate) fn duplicate(&self) -> ClientError {
+        match self {
+            ClientError::InvalidArgument(m) => ClientError::InvalidArgument(m.clone()),
+            ClientError::NotFound(m) => ClientError::NotFound(m.clone()),
+            ClientError::IsDirectory(m) => ClientError::IsDirectory(m.clone()),
+            ClientError::AlreadyExists(m) => ClientError::AlreadyExists(m.clone()),
+            ClientError::PermissionDenied(m) => ClientError::PermissionDenied(m.clone()),
+            ClientError::MasterUnavailable(m) => ClientError::MasterUnavailable(m.clone()),
+            ClientError::Unavailable(u) => ClientError::Remote {
+                kind: u.kind(),
+                message: format!("no worker could serve the read: {u}"),
+            },
+            ClientError::Changed(m) => ClientError::Changed(m.clone()),
+            ClientError::Remote { kind, message } => {
+                ClientError::Remote { kind: *kind, message: message.clone() }
+            }
+        }
+    }
+
     /// The error a request ends with when a worker failed it and no other is asked.
     pub(crate) fn from_transport(e: TransportError) -> Self {
         match e {

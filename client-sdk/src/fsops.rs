@@ -16,12 +16,12 @@ use strata_common::frame::{
     ResponseHeader, WriteBackCopy, WriteBegin, WriteFlags, request_header,
 };
 use strata_common::{BlockKey, MountMode, MountOptions, block_slices, path};
-use strata_proto::{DeleteRequest, InvalidateRequest, MkdirRequest, PendingFile, RenameRequest, SyncRequest};
+use strata_proto::{PendingFile, SyncRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::warn;
 
 use crate::transport::{DataStream, ParkedStream, Sink};
-use crate::{Client, ClientError, FileInfo, Result, TransportError};
+use crate::{Client, ClientError, FileInfo, Metadata, Result, TransportError};
 
 /// Writes smaller than this are gathered into one data frame; larger ones go out as they are.
 const GATHER: usize = 1 << 20;
@@ -91,7 +91,7 @@ impl Client {
         let hash = BlockKey::new(p.clone(), String::new(), 0).placement_hash();
         let mut ring = self.ring().await?;
         if ring.is_empty() {
-            ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
+            ring = self.inner.view.read().last_members.clone();
         }
         let write_back = self.mount_options_of(&p).filter(|o| o.mode == MountMode::WriteBack);
         if flags.append && write_back.is_some() {
@@ -147,13 +147,7 @@ impl Client {
 
     /// The options of the mount holding `p`, from the mount table this client knows.
     fn mount_options_of(&self, p: &str) -> Option<MountOptions> {
-        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
-        let mount = view
-            .mounts
-            .iter()
-            .filter(|m| path::strip_mount(&m.path, p).is_some())
-            .max_by_key(|m| m.path.len())?;
-        MountOptions::parse(&mount.options).ok()
+        self.inner.view.mount_options_of(p)
     }
 
     async fn begin_write(
@@ -221,7 +215,7 @@ impl Client {
         } else {
             let mut ring = self.ring().await?;
             if ring.is_empty() {
-                ring = self.inner.view.read().unwrap_or_else(|p| p.into_inner()).last_members.clone();
+                ring = self.inner.view.read().last_members.clone();
             }
             // The same worker a write of `dst` would go to.
             let hash = BlockKey::new(dst.to_string(), String::new(), 0).placement_hash();
@@ -281,13 +275,7 @@ impl Client {
     /// yet uploaded) and nothing changed: copy and delete instead ([`Client::move_file`] does
     /// for a file).
     pub async fn rename(&self, raw_src: &str, raw_dst: &str) -> Result<bool> {
-        let bad = |e: strata_common::path::PathError| ClientError::InvalidArgument(e.to_string());
-        let src = path::normalize(raw_src).map_err(bad)?;
-        let dst = path::normalize(raw_dst).map_err(bad)?;
-        let result = self.master().rename(RenameRequest { src: src.clone(), dst: dst.clone() }).await;
-        self.forget_local(&src, true);
-        self.forget_local(&dst, true);
-        Ok(result.map_err(self.rpc_err("rename"))?.into_inner().renamed)
+        self.inner.metadata.rename(raw_src, raw_dst).await
     }
 
     /// Moves a file: renamed in place where the UFS can, else copied by a worker (see
@@ -304,60 +292,22 @@ impl Client {
         Ok(Moved::Copied(copied))
     }
 
-    /// [`find_page`](Client::find_page) with every directory below `raw` too, each just before
-    /// what it holds, on mounts listed directory by directory (a local directory, HDFS: their
-    /// empty directories exist and no file implies them); an object store's names files only.
-    /// Asks the master every time: pages with directories are not kept for outages (a caller
-    /// falls back to `find_page` then).
-    pub async fn find_page_with_dirs(
-        &self,
-        raw: &str,
-        page_token: &str,
-        page_size: u32,
-        max_depth: u32,
-    ) -> Result<(Vec<FileInfo>, Option<String>)> {
-        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        let req = strata_proto::FindRequest {
-            path: p,
-            sync: false,
-            page_token: page_token.to_string(),
-            page_size,
-            max_depth,
-            with_dirs: true,
-        };
-        let resp = self.master().find(req).await.map_err(self.rpc_err("find"))?.into_inner();
-        let next = (!resp.next_page_token.is_empty()).then_some(resp.next_page_token);
-        Ok((resp.entries.into_iter().map(FileInfo::from).collect(), next))
-    }
-
     /// Deletes a file, or a directory (with everything under it when `recursive`).
     pub async fn delete(&self, raw: &str, recursive: bool) -> Result<()> {
-        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        let result = self.master().delete(DeleteRequest { path: p.clone(), recursive }).await;
-        self.forget_local(&p, true);
-        result.map_err(self.rpc_err("delete"))?;
-        Ok(())
+        self.inner.metadata.delete(raw, recursive).await
     }
 
     /// Makes a directory and its parents (nothing to do if it exists).
     pub async fn mkdir(&self, raw: &str) -> Result<()> {
-        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        let result = self.master().mkdir(MkdirRequest { path: p.clone() }).await;
-        self.forget_local(&p, false);
-        result.map_err(self.rpc_err("mkdir"))?;
-        Ok(())
+        self.inner.metadata.mkdir(raw).await
     }
 
     /// The write-back files at or under `path` not yet in the UFS (empty: all are). With
     /// `retry_failed`, uploads that gave up are queued again first.
     pub async fn sync(&self, raw: &str, retry_failed: bool) -> Result<Vec<PendingFile>> {
         let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        let resp = self
-            .master()
-            .sync(SyncRequest { path: p, retry_failed })
-            .await
-            .map_err(self.rpc_err("sync"))?
-            .into_inner();
+        let master = &self.inner.master;
+        let resp = master.ask("sync", master.client().sync(SyncRequest { path: p, retry_failed })).await?;
         Ok(resp.pending)
     }
 
@@ -404,20 +354,7 @@ impl Client {
 
     /// Forgets cached metadata of `path` here and on the master.
     pub async fn invalidate(&self, raw: &str) -> Result<()> {
-        let p = path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
-        self.forget_local(&p, false);
-        self.master().invalidate(InvalidateRequest { path: p }).await.map_err(self.rpc_err("invalidate"))?;
-        Ok(())
-    }
-
-    fn forget_local(&self, p: &str, subtree: bool) {
-        self.inner.listings.forget(p);
-        let mut stats = self.inner.stats.lock().unwrap_or_else(|p| p.into_inner());
-        stats.remove(p);
-        if subtree {
-            let prefix = format!("{}/", p.trim_end_matches('/'));
-            stats.retain(|k, _| !k.starts_with(&prefix));
-        }
+        self.inner.metadata.invalidate(raw).await
     }
 }
 

@@ -7,14 +7,14 @@ use strata_proto::{
     SubmitLoadRequest,
 };
 
-use crate::{Client, Result};
+use crate::{AdminClient, Result};
 
 /// Whether a job has reached SUCCEEDED, FAILED or CANCELLED.
 pub fn job_finished(job: &JobInfo) -> bool {
     matches!(job.state(), JobState::Succeeded | JobState::Failed | JobState::Cancelled)
 }
 
-impl Client {
+impl AdminClient {
     /// Submits a load job of a file or a directory tree; returns at once with its id.
     pub async fn submit_load(&self, path: &str, options: LoadOptions) -> Result<JobInfo> {
         let req = SubmitLoadRequest { path: path.to_string(), options: Some(options) };

@@ -48,9 +48,12 @@ pub(crate) fn job_from_env() -> Option<String> {
     std::env::var(JOB_ENV).ok().map(|j| j.trim().to_string()).filter(|j| !j.is_empty())
 }
 
+/// How often recorded reads are sent to the master unless configured otherwise.
+pub(crate) const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(2);
+
 /// The flush interval the environment sets; 2 s when unset or unreadable (said in the log).
 pub(crate) fn flush_interval_from_env() -> Duration {
-    const DEFAULT: Duration = Duration::from_secs(2);
+    const DEFAULT: Duration = DEFAULT_FLUSH_INTERVAL;
     match std::env::var(LINEAGE_FLUSH_ENV) {
         Err(_) => DEFAULT,
         Ok(v) => match strata_common::units::parse_duration(v.trim()) {
@@ -335,7 +338,12 @@ impl Client {
             let entries = report.reads.len() as u64;
             // As a call with a cached answer: during a master outage it is not even tried until
             // a probe is due, and a stopped master holds it for at most FALLBACK_DEADLINE.
-            let err = match self.master_call("ReportLineage", true, self.master().report_lineage(req)).await {
+            let err = match self
+                .inner
+                .master
+                .call("ReportLineage", true, self.inner.master.client().report_lineage(req))
+                .await
+            {
                 Ok(_) => {
                     recorder.reported.fetch_add(entries, Ordering::Relaxed);
                     continue;
@@ -366,7 +374,7 @@ impl Client {
     pub async fn lineage_mark_for(&self, job: &str, label: &str) -> Result<LineageMark> {
         self.flush_lineage().await?;
         let req = MarkLineageRequest { job: job.to_string(), label: label.to_string() };
-        self.master_call("MarkLineage", false, self.master().mark_lineage(req)).await
+        self.inner.master.call("MarkLineage", false, self.inner.master.client().mark_lineage(req)).await
     }
 
     /// What `job` read (every page), from the mark `since` names on (empty: all; `#N`: mark
@@ -381,7 +389,11 @@ impl Client {
                 page_token: page_token.clone(),
                 page_size: 0,
             };
-            let page = self.master_call("LineageJob", false, self.master().lineage_job(req)).await?;
+            let page = self
+                .inner
+                .master
+                .call("LineageJob", false, self.inner.master.client().lineage_job(req))
+                .await?;
             all.job = page.job;
             all.marks = page.marks;
             all.records.extend(page.records);
@@ -394,12 +406,17 @@ impl Client {
 
     /// Every job's reads of `path` (every page).
     pub async fn lineage_file(&self, raw: &str) -> Result<Vec<LineageRecord>> {
-        let path = crate::path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let path =
+            strata_common::path::normalize(raw).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         let mut all = Vec::new();
         let mut page_token = String::new();
         loop {
             let req = LineageFileRequest { path: path.clone(), page_token: page_token.clone(), page_size: 0 };
-            let page = self.master_call("LineageFile", false, self.master().lineage_file(req)).await?;
+            let page = self
+                .inner
+                .master
+                .call("LineageFile", false, self.inner.master.client().lineage_file(req))
+                .await?;
             all.extend(page.records);
             if page.next_page_token.is_empty() {
                 return Ok(all);
@@ -410,8 +427,9 @@ impl Client {
 
     /// Every job with lineage the caller may see.
     pub async fn lineage_jobs(&self) -> Result<Vec<strata_proto::LineageJob>> {
-        let list = self
-            .master_call("ListLineageJobs", false, self.master().list_lineage_jobs(strata_proto::Empty {}))
+        let master = &self.inner.master;
+        let list = master
+            .call("ListLineageJobs", false, master.client().list_lineage_jobs(strata_proto::Empty {}))
             .await?;
         Ok(list.jobs)
     }
@@ -429,7 +447,7 @@ pub(crate) fn report_on_drop(inner: &mut Inner) {
         return;
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let mut master = inner.master.clone();
+    let mut master = inner.master.client();
     let job = recorder.job.clone();
     let now = inner.config.clock.wall_ms();
     runtime.spawn(async move {

@@ -65,7 +65,7 @@ pub(crate) struct Listings {
 }
 
 /// A page: entries and the token of the next page.
-pub(crate) type Page = (Vec<FileInfo>, Option<String>);
+pub(crate) use crate::types::Page;
 
 impl Listings {
     pub(crate) fn new(max_entries: usize) -> Self {

@@ -65,7 +65,7 @@ impl Client {
             let blocks = block::block_count(info.size, info.block_size).min(MAX_HINTED_BLOCKS_PER_FILE);
             for index in 0..blocks {
                 let hash = BlockKey::new(info.file_id.clone(), info.version.clone(), index).placement_hash();
-                let owners = self.in_asking_order(
+                let owners = self.inner.route.ring.in_asking_order(
                     ring.owners(hash, ring.members().len()),
                     self.read_replicas_for(&info.path),
                 );

@@ -3,9 +3,9 @@
 
 use strata_proto::{CreateTokenRequest, Empty, RevokeTokenRequest, TokenInfo};
 
-use crate::{Client, Result};
+use crate::{AdminClient, Result};
 
-impl Client {
+impl AdminClient {
     /// A new token of `role` (`admin`, `writer`, `reader`, `worker`), limited to the subtree at
     /// `prefix` when not empty (readers and writers only): its description and the token,
     /// which the master does not keep.

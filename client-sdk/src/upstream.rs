@@ -219,8 +219,8 @@ impl PeerUpstream {
         let asked = PEERS_ASKED.max(read_replicas.saturating_sub(1));
         // A peer the master reports silent, or that just timed out here, would only hold the
         // miss for the peer timeout: it is skipped.
-        let suspects = self.client.inner.view.read().unwrap_or_else(|p| p.into_inner()).suspects.clone();
-        let health = &self.client.inner.health;
+        let suspects = self.client.inner.view.read().suspects.clone();
+        let health = &self.client.inner.route.ring.health;
         let t = tokio::time::Instant::now();
         let misses = &rings.misses;
         let mut out: Vec<strata_common::Member> = Vec::new();
@@ -324,7 +324,12 @@ impl Upstream for PeerUpstream {
                     let slow_fetch = forward && matches!(e, crate::TransportError::Timeout { .. });
                     if !slow_fetch && !matches!(e, crate::TransportError::Remote { .. }) {
                         // Down or frozen: not asked again for a while.
-                        self.client.inner.health.failed(&peer.data_addr, tokio::time::Instant::now());
+                        self.client
+                            .inner
+                            .route
+                            .ring
+                            .health
+                            .failed(&peer.data_addr, tokio::time::Instant::now());
                     }
                     why.push(format!("{}: {e}", peer.id))
                 }

@@ -120,7 +120,7 @@ impl Shared {
                 if let Some((g, old)) = inherited {
                     process::dispose(g, old);
                 }
-                let mut config = ClientConfig::new(self.master.clone());
+                let mut config = ClientConfig::from_env(self.master.clone());
                 if let Some(token) = &self.token {
                     config.token = Some(strata_client::Token(token.clone()));
                 }
@@ -633,13 +633,15 @@ impl Client {
             )));
         }
         let ttl = (ttl_secs > 0.0).then(|| std::time::Duration::from_secs_f64(ttl_secs));
-        let p =
-            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.pin(path, tier, ttl)).map_err(to_py)))?;
+        let p = py.detach(|| {
+            self.shared.run(|rt, c, _| rt.block_on(c.admin().pin(path, tier, ttl)).map_err(to_py))
+        })?;
         pin_dict(py, &p)
     }
 
     fn unpin<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyDict>> {
-        let p = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.unpin(path)).map_err(to_py)))?;
+        let p =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.admin().unpin(path)).map_err(to_py)))?;
         pin_dict(py, &p)
     }
 
@@ -651,13 +653,15 @@ impl Client {
             )));
         }
         let ttl = (ttl_secs > 0.0).then(|| std::time::Duration::from_secs_f64(ttl_secs));
-        let t =
-            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.set_cache_ttl(path, ttl)).map_err(to_py)))?;
+        let t = py.detach(|| {
+            self.shared.run(|rt, c, _| rt.block_on(c.admin().set_cache_ttl(path, ttl)).map_err(to_py))
+        })?;
         cache_ttl_dict(py, &t)
     }
 
     fn cache_ttls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let ttls = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.cache_ttls()).map_err(to_py)))?;
+        let ttls =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.admin().cache_ttls()).map_err(to_py)))?;
         let out = PyList::empty(py);
         for t in &ttls {
             out.append(cache_ttl_dict(py, t)?)?;
@@ -666,7 +670,7 @@ impl Client {
     }
 
     fn pins<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let pins = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.pins()).map_err(to_py)))?;
+        let pins = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.admin().pins()).map_err(to_py)))?;
         let out = PyList::empty(py);
         for p in &pins {
             out.append(pin_dict(py, p)?)?;
@@ -679,7 +683,8 @@ impl Client {
     #[pyo3(signature = (path, wait_secs=10.0))]
     fn free<'py>(&self, py: Python<'py>, path: &str, wait_secs: f64) -> PyResult<Bound<'py, PyDict>> {
         let wait = std::time::Duration::from_secs_f64(wait_secs.clamp(0.001, 600.0));
-        let r = py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.free(path, wait)).map_err(to_py)))?;
+        let r =
+            py.detach(|| self.shared.run(|rt, c, _| rt.block_on(c.admin().free(path, wait)).map_err(to_py)))?;
         let d = PyDict::new(py);
         d.set_item("blocks", r.blocks)?;
         d.set_item("bytes", r.bytes)?;

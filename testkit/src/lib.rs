@@ -200,7 +200,7 @@ impl Cluster {
         let client = cluster.client().await;
         let options: HashMap<String, String> =
             cluster.ufs.mount_options().into_iter().chain(opts.mount_options).collect();
-        client.add_mount("/data", &cluster.ufs_uri(), options).await.expect("mount /data");
+        client.admin().add_mount("/data", &cluster.ufs_uri(), options).await.expect("mount /data");
         // Every worker knows the mount before a test begins: a test that stops the master
         // right away must not find a worker that has not yet heard of /data from a heartbeat.
         for w in cluster.workers.iter().flatten() {
@@ -448,7 +448,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(client) = Client::connect(self.client_config()).await
-                && let Ok(status) = client.status().await
+                && let Ok(status) = client.admin().status().await
                 && status
                     .workers
                     .iter()
@@ -490,7 +490,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(client) = Client::connect(self.client_config()).await
-                && let Ok(status) = client.status().await
+                && let Ok(status) = client.admin().status().await
                 && status.workers.iter().filter(|w| w.live).count() == n
             {
                 return;

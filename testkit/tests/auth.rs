@@ -289,10 +289,11 @@ async fn every_rpc_refuses_callers_without_the_right_token_role_or_scope() {
     cluster.write_file("a/f.bin", b"team a");
     cluster.write_file("b/f.bin", b"team b");
     let admin_client = cluster.client().await;
-    let (_, reader) = admin_client.create_token("reader", "/data/a", "reader a").await.unwrap();
-    let (_, writer) = admin_client.create_token("writer", "/data/a", "writer a").await.unwrap();
-    let (revoked_info, revoked) = admin_client.create_token("admin", "", "soon revoked").await.unwrap();
-    admin_client.revoke_token(&revoked_info.id).await.unwrap();
+    let (_, reader) = admin_client.admin().create_token("reader", "/data/a", "reader a").await.unwrap();
+    let (_, writer) = admin_client.admin().create_token("writer", "/data/a", "writer a").await.unwrap();
+    let (revoked_info, revoked) =
+        admin_client.admin().create_token("admin", "", "soon revoked").await.unwrap();
+    admin_client.admin().revoke_token(&revoked_info.id).await.unwrap();
     let admin = cluster.admin_token().unwrap();
     let worker = cluster.worker_token().unwrap();
     conn(&cluster, Some(&admin)).report_lineage(lineage_report(SEEN_JOB, "/data/b/f.bin")).await.unwrap();
@@ -385,8 +386,8 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
     cluster.write_file("b/f.bin", b"team b");
     let admin_client = cluster.client().await;
     let b = admin_client.stat("/data/b/f.bin").await.unwrap();
-    let (_, reader) = admin_client.create_token("reader", "/data/a", "").await.unwrap();
-    let (revoked_info, revoked) = admin_client.create_token("writer", "", "").await.unwrap();
+    let (_, reader) = admin_client.admin().create_token("reader", "/data/a", "").await.unwrap();
+    let (revoked_info, revoked) = admin_client.admin().create_token("writer", "", "").await.unwrap();
     let addr = cluster.worker(0).data_addr.to_string();
     let admin = cluster.admin_token().unwrap();
 
@@ -477,7 +478,7 @@ async fn every_data_plane_op_refuses_callers_without_the_right_token_role_or_sco
     // The admin reads the block: the check can pass.
     assert_eq!(exchange(&addr, Some(&admin), &read.encode()).await.unwrap(), b"team b");
     // The revocation reaches the worker within a heartbeat.
-    admin_client.revoke_token(&revoked_info.id).await.unwrap();
+    admin_client.admin().revoke_token(&revoked_info.id).await.unwrap();
     eventually("the worker learnt the revocation", Duration::from_secs(10), || {
         let (addr, revoked, frame) = (addr.clone(), revoked.clone(), frame::view_request(1));
         async move { exchange(&addr, Some(&revoked), &frame).await.is_err() }

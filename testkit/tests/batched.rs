@@ -204,7 +204,7 @@ async fn stat_many_is_one_call_with_one_answer_per_path_each_its_own_error() {
 
     // A token limited to /data/team: a path outside it is that path's error, not the call's.
     let admin = cluster.client().await;
-    let (_, token) = admin.create_token("reader", "/data/team", "team").await.unwrap();
+    let (_, token) = admin.admin().create_token("reader", "/data/team", "team").await.unwrap();
     let scoped = cluster.client_with_token(Some(&token)).await.unwrap();
     let answers = scoped.stat_many(&[asked[0], "/data/other/secret.bin", asked[1]]).await;
     assert_eq!(answers[0].as_ref().unwrap(), many[0].as_ref().unwrap());

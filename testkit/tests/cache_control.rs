@@ -57,7 +57,7 @@ async fn pinned_files_stay_cached_through_pressure_and_restarts() {
     let cold = files(&cluster, "cold", 48, 100);
     let client = cluster.client().await;
 
-    let pin = client.pin("/data/hot", PinTier::Nvme, None).await.unwrap();
+    let pin = client.admin().pin("/data/hot", PinTier::Nvme, None).await.unwrap();
     eprintln!("pinned");
     assert_eq!(pin.bytes, 4 * (MIB as u64 - 100), "the pin knows what it holds");
     wait_for_pins(&cluster, 1).await;
@@ -92,12 +92,12 @@ async fn pinned_files_stay_cached_through_pressure_and_restarts() {
     cluster.start_master().await;
     cluster.wait_for_live_workers(2).await;
     let client = cluster.client().await;
-    let pins = client.pins().await.unwrap();
+    let pins = client.admin().pins().await.unwrap();
     assert_eq!(pins.iter().map(|p| p.path.as_str()).collect::<Vec<_>>(), ["/data/hot"]);
 
     // Unpinned, the files are evictable again: no tier passes over them any more. (Whether
     // pressure then evicts them is the policy's call: S3-FIFO keeps blocks read this often.)
-    client.unpin("/data/hot").await.unwrap();
+    client.admin().unpin("/data/hot").await.unwrap();
     wait_for_pins(&cluster, 0).await;
     for i in 0..cluster.worker_count() {
         let w = cluster.worker(i);
@@ -107,7 +107,7 @@ async fn pinned_files_stay_cached_through_pressure_and_restarts() {
             }
         }
     }
-    let e = client.unpin("/data/hot").await.unwrap_err();
+    let e = client.admin().unpin("/data/hot").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 }
 
@@ -123,12 +123,16 @@ async fn free_drops_cached_blocks_and_moves_no_ufs_byte_until_they_are_read() {
     // The block map hears of cached blocks at the workers' next heartbeats.
     for (path, _) in &data {
         eventually("the block map lists the block", Duration::from_secs(20), || async {
-            client.block_locations(path).await.is_ok_and(|l| l.blocks.iter().any(|b| !b.replicas.is_empty()))
+            client
+                .admin()
+                .block_locations(path)
+                .await
+                .is_ok_and(|l| l.blocks.iter().any(|b| !b.replicas.is_empty()))
         })
         .await;
     }
 
-    let freed = client.free("/data/free", Duration::from_secs(20)).await.unwrap();
+    let freed = client.admin().free("/data/free", Duration::from_secs(20)).await.unwrap();
     assert!(freed.blocks >= 3, "{freed:?}");
     assert_eq!((freed.workers, freed.workers_done), (2, 2), "{freed:?}");
     assert_eq!(cluster.ufs_reads(), 5, "a free reads nothing");
@@ -157,24 +161,24 @@ async fn what_cannot_be_done_is_refused_clearly() {
     let _big = files(&cluster, "big", 10, 3);
     let client = cluster.client().await;
     // 10 MiB into 2 × 4 MiB of DRAM.
-    let e = client.pin("/data/big", PinTier::Memory, None).await.unwrap_err();
+    let e = client.admin().pin("/data/big", PinTier::Memory, None).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::ResourceExhausted, "{e}");
     assert!(e.to_string().contains("would pin more than"), "{e}");
-    assert!(client.pins().await.unwrap().is_empty(), "a refused pin leaves nothing");
+    assert!(client.admin().pins().await.unwrap().is_empty(), "a refused pin leaves nothing");
 
-    client.pin("/data/big/f1.bin", PinTier::Memory, None).await.unwrap();
-    let e = client.free("/data/big", Duration::from_secs(5)).await.unwrap_err();
+    client.admin().pin("/data/big/f1.bin", PinTier::Memory, None).await.unwrap();
+    let e = client.admin().free("/data/big", Duration::from_secs(5)).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     assert!(e.to_string().contains("strata unpin /data/big/f1.bin"), "{e}");
-    let e = client.pin("/nowhere/x", PinTier::Nvme, None).await.unwrap_err();
+    let e = client.admin().pin("/nowhere/x", PinTier::Nvme, None).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-    let e = client.pin("/data/big/missing", PinTier::Nvme, None).await.unwrap_err();
+    let e = client.admin().pin("/data/big/missing", PinTier::Nvme, None).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
 
     // A pin with a TTL lapses by itself.
-    client.pin("/data/big/f2.bin", PinTier::Nvme, Some(Duration::from_millis(300))).await.unwrap();
+    client.admin().pin("/data/big/f2.bin", PinTier::Nvme, Some(Duration::from_millis(300))).await.unwrap();
     eventually("the pin with a TTL expires", Duration::from_secs(20), || async {
-        client.pins().await.unwrap().iter().all(|p| p.path != "/data/big/f2.bin")
+        client.admin().pins().await.unwrap().iter().all(|p| p.path != "/data/big/f2.bin")
     })
     .await;
 }
@@ -208,7 +212,7 @@ async fn a_pin_holds_what_is_read_the_moment_it_returns() {
         let data = pattern(3 * MIB, round);
         cluster.write_file(&format!("hot{round}.bin"), &data);
         let (path, rel) = (format!("/data/hot{round}.bin"), format!("hot{round}.bin"));
-        let pin = client.pin(&path, PinTier::Nvme, None).await.unwrap();
+        let pin = client.admin().pin(&path, PinTier::Nvme, None).await.unwrap();
         let applied = pin.applied.expect("a pin says where it is in force");
         assert_eq!((applied.workers, applied.workers_applied), (1, 1), "round {round}: {applied:?}");
         assert_eq!(client.read_all(&path).await.unwrap()[..], data[..]);
@@ -217,7 +221,7 @@ async fn a_pin_holds_what_is_read_the_moment_it_returns() {
         assert_eq!(client.read_all(&path).await.unwrap()[..], data[..]);
         assert_eq!(ufs_bytes(&cluster, &rel), 3 * MIB as u64, "round {round}: the pinned file was evicted");
         // Unpinned (in force at once too), so that the pins never outgrow the tier.
-        let unpinned = client.unpin(&path).await.unwrap();
+        let unpinned = client.admin().unpin(&path).await.unwrap();
         assert_eq!(unpinned.applied.map(|a| a.workers_applied), Some(1));
         assert!(cluster.worker(0).pins.is_empty(), "the unpin is in force when it returns");
     }
@@ -263,7 +267,7 @@ async fn a_pin_takes_in_what_the_worker_already_holds_in_either_tier() {
             }
             _ => PinTier::Memory,
         };
-        client.pin("/data/hot.bin", tier, None).await.unwrap();
+        client.admin().pin("/data/hot.bin", tier, None).await.unwrap();
         let pinned_in = if tier == PinTier::Nvme { Nvme } else { Memory };
         assert_eq!(held_in(pinned_in), 2, "{case}: moved into the pinned tier before the pin answered");
         read_each(&client, &cold).await;
@@ -273,7 +277,8 @@ async fn a_pin_takes_in_what_the_worker_already_holds_in_either_tier() {
         assert_eq!(ufs_bytes(&cluster, "hot.bin"), 2 * MIB as u64, "{case}: no byte from the UFS again");
         if case == "dram, pinned in dram" {
             // A cache TTL is in force when `ttl set` returns, too.
-            let ttl = client.set_cache_ttl("/data/cold", Some(Duration::from_secs(3600))).await.unwrap();
+            let ttl =
+                client.admin().set_cache_ttl("/data/cold", Some(Duration::from_secs(3600))).await.unwrap();
             assert_eq!(ttl.applied.map(|a| (a.workers, a.workers_applied)), Some((1, 1)));
             assert!(worker.pins.has_cache_ttls());
         }

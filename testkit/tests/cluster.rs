@@ -108,11 +108,11 @@ async fn second_read_is_served_from_the_tiers() {
     // The master's status sums the workers' counters (reported by heartbeat).
     // Misses are reported long before the last hits: wait for both.
     eventually("a heartbeat reported the misses and hits", Duration::from_secs(20), || async {
-        let totals = client.status().await.unwrap().totals.unwrap();
+        let totals = client.admin().status().await.unwrap().totals.unwrap();
         totals.cache_misses >= 11 && totals.cache_hits >= 33
     })
     .await;
-    let status = client.status().await.unwrap();
+    let status = client.admin().status().await.unwrap();
     let totals = status.totals.unwrap();
     assert_eq!(totals.cache_misses, 11);
     assert_eq!(totals.ufs_bytes_read, data.len() as u64);
@@ -125,7 +125,7 @@ async fn second_read_is_served_from_the_tiers() {
     let health = http_get(cluster.worker(1).http_addr, "/health").await;
     assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
     // The block map knows where the blocks are.
-    let locations = client.block_locations("/data/warm.bin").await.unwrap();
+    let locations = client.admin().block_locations("/data/warm.bin").await.unwrap();
     assert_eq!(locations.blocks.len(), 11);
     assert!(locations.blocks.iter().all(|b| !b.replicas.is_empty()));
 }
@@ -387,7 +387,7 @@ async fn a_worker_killed_mid_read_costs_no_read_and_leaves_the_ring() {
     let ring = client.ring().await.unwrap();
     assert!(!ring.contains(&victim));
     assert_eq!(ring.members().len(), 2);
-    let status = client.status().await.unwrap();
+    let status = client.admin().status().await.unwrap();
     assert!(status.workers.iter().any(|w| w.id == victim && !w.live));
     assert_eq!(client.read_all("/data/big.bin").await.unwrap()[..], data[..]);
 }
@@ -453,7 +453,7 @@ async fn a_restarted_master_keeps_mounts_and_reads_continue() {
     cluster.write_file("m.bin", &data);
     let client = cluster.client().await;
     let same_blocks = [("block_size".to_string(), "1MiB".to_string())].into();
-    client.add_mount("/second", &cluster.ufs_uri(), same_blocks).await.unwrap();
+    client.admin().add_mount("/second", &cluster.ufs_uri(), same_blocks).await.unwrap();
     assert_eq!(client.read_all("/data/m.bin").await.unwrap(), data);
 
     cluster.stop_master().await;
@@ -462,13 +462,13 @@ async fn a_restarted_master_keeps_mounts_and_reads_continue() {
 
     cluster.start_master().await;
     let mounts: Vec<String> =
-        cluster.client().await.mounts().await.unwrap().into_iter().map(|m| m.path).collect();
+        cluster.client().await.admin().mounts().await.unwrap().into_iter().map(|m| m.path).collect();
     assert_eq!(mounts, vec!["/data".to_string(), "/second".to_string()]);
     cluster.wait_for_live_workers(3).await;
     // Workers re-report their blocks after re-registering.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let status = client.status().await.unwrap();
+        let status = client.admin().status().await.unwrap();
         if status.blocks >= 3 {
             break;
         }
@@ -491,6 +491,7 @@ async fn a_changed_file_is_read_whole_in_its_new_version() {
     let cluster = Cluster::start(ClusterOptions::default()).await;
     let client = cluster.client().await;
     client
+        .admin()
         .add_mount(
             "/fresh",
             &cluster.ufs_uri(),
@@ -571,10 +572,10 @@ async fn bad_paths_and_lengths_get_clear_errors() {
         ("/data/inner", "file:///tmp", "nest"),
         ("/y", "file:///definitely/not/here", "file:///definitely/not/here"),
     ] {
-        let e = client.add_mount(path, uri, Default::default()).await.unwrap_err();
+        let e = client.admin().add_mount(path, uri, Default::default()).await.unwrap_err();
         assert!(e.to_string().contains(what), "{path} {uri}: {e}");
     }
-    let e = client.remove_mount("/never").await.unwrap_err();
+    let e = client.admin().remove_mount("/never").await.unwrap_err();
     assert!(matches!(e, ClientError::NotFound(_)), "{e}");
 }
 

@@ -30,7 +30,7 @@ async fn mount_dir(client: &Client, path: &str, mode: &str) -> tempfile::TempDir
         ("metadata_ttl".to_string(), "60s".to_string()),
     ]
     .into();
-    client.add_mount(path, &format!("file://{}", dir.path().display()), options).await.unwrap();
+    client.admin().add_mount(path, &format!("file://{}", dir.path().display()), options).await.unwrap();
     dir
 }
 
@@ -92,7 +92,7 @@ async fn a_copy_across_mounts_streams_through_the_block_cache() {
     let _ro = {
         let dir = tempfile::tempdir().unwrap();
         let options: HashMap<String, String> = [("block_size".to_string(), "1MiB".to_string())].into();
-        client.add_mount("/ro", &format!("file://{}", dir.path().display()), options).await.unwrap();
+        client.admin().add_mount("/ro", &format!("file://{}", dir.path().display()), options).await.unwrap();
         dir
     };
     let data = pattern(5 * 1024 * 1024 + 3, 2);
@@ -127,8 +127,8 @@ async fn a_copy_needs_read_on_the_source_and_write_on_the_destination() {
     let admin = cluster.client().await;
     cluster.write_file("a/f.bin", b"in a");
     cluster.write_file("b/f.bin", b"in b");
-    let (_, reader) = admin.create_token("reader", "", "reader").await.unwrap();
-    let (_, writer_a) = admin.create_token("writer", "/data/a", "writer of a").await.unwrap();
+    let (_, reader) = admin.admin().create_token("reader", "", "reader").await.unwrap();
+    let (_, writer_a) = admin.admin().create_token("writer", "/data/a", "writer of a").await.unwrap();
     let reader = cluster.client_with_token(Some(&reader)).await.unwrap();
     let writer_a = cluster.client_with_token(Some(&writer_a)).await.unwrap();
 
@@ -174,7 +174,7 @@ async fn a_copy_needs_read_on_the_source_and_write_on_the_destination() {
 }
 
 async fn cluster_token(admin: &Client, role: &str, prefix: &str) -> String {
-    admin.create_token(role, prefix, "raw frames").await.unwrap().1
+    admin.admin().create_token(role, prefix, "raw frames").await.unwrap().1
 }
 
 /// One answer on a raw connection: its header, and its payload as text.

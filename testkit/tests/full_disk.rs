@@ -24,7 +24,7 @@ fn one_worker_on(disk: &'static str, memory: u64) -> ClusterOptions {
 
 /// The NVMe tier of the one worker, as the master's status shows it.
 async fn nvme_status(client: &Client) -> strata_proto::TierUsage {
-    let status = client.status().await.expect("status");
+    let status = client.admin().status().await.expect("status");
     status.workers[0].tiers.iter().find(|t| t.tier == Tier::Nvme as i32).cloned().expect("an nvme tier")
 }
 
@@ -75,8 +75,9 @@ async fn warmup_onto_a_full_disk_fails_its_blocks_saying_so_and_reads_still_work
     cluster.write_file("w/a.bin", &a);
     cluster.write_file("w/b.bin", &b);
     let client = cluster.client().await;
-    let job = client.submit_load("/data/w", LoadOptions::default()).await.unwrap();
-    let waited = client.wait_job(&job.id, Duration::from_millis(100), |_| {});
+    let admin = client.admin();
+    let job = admin.submit_load("/data/w", LoadOptions::default()).await.unwrap();
+    let waited = admin.wait_job(&job.id, Duration::from_millis(100), |_| {});
     let job = tokio::time::timeout(Duration::from_secs(60), waited).await.expect("the job ends").unwrap();
     // DRAM took every block, but the job asked for the cache's disk: nothing is done.
     assert_eq!(job.state(), JobState::Failed, "{job:?}");

@@ -179,7 +179,7 @@ async fn a_worker_keeps_serving_without_the_master_and_rereports_every_block_whe
         let seen = &seen;
         async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let blocks = client.status().await.unwrap().blocks;
+            let blocks = client.admin().status().await.unwrap().blocks;
             let mut seen = seen.lock().unwrap();
             seen.push(blocks);
             let last = &seen[seen.len().saturating_sub(6)..];
@@ -202,7 +202,7 @@ async fn a_worker_keeps_serving_without_the_master_and_rereports_every_block_whe
     let last = std::sync::atomic::AtomicU64::new(0);
     let complete = tokio::time::timeout(Duration::from_secs(15), async {
         loop {
-            if let Ok(s) = client.status().await {
+            if let Ok(s) = client.admin().status().await {
                 last.store(s.blocks, std::sync::atomic::Ordering::Relaxed);
                 if s.blocks == before {
                     return;
@@ -215,7 +215,7 @@ async fn a_worker_keeps_serving_without_the_master_and_rereports_every_block_whe
     let last = last.into_inner();
     assert!(complete.is_ok(), "the block map has {last} blocks, {before} before the master stopped");
     for (path, data) in &files {
-        let locations = client.block_locations(path).await.unwrap();
+        let locations = client.admin().block_locations(path).await.unwrap();
         assert_eq!(locations.blocks.len(), data.len().div_ceil(MIB), "{path}");
         assert!(locations.blocks.iter().all(|b| !b.replicas.is_empty()), "{path}: a block without a holder");
     }

@@ -70,7 +70,7 @@ async fn a_mount_stays_within_its_quota_across_workers_and_another_mount_is_unto
     let plain = files(&cluster, "/plain", "plain", 24, 100);
     let plain_uri = format!("{}/plain", cluster.ufs_uri().trim_end_matches('/'));
     let block = [("block_size".to_string(), "1MiB".to_string())].into();
-    client.add_mount("/plain", &plain_uri, block).await.unwrap();
+    client.admin().add_mount("/plain", &plain_uri, block).await.unwrap();
 
     read_each(&client, &limited).await;
     read_each(&client, &plain).await;
@@ -93,7 +93,7 @@ async fn a_mount_stays_within_its_quota_across_workers_and_another_mount_is_unto
 
     // The master sums what the workers report.
     eventually("the master reports /data's bytes against its quota", Duration::from_secs(10), || async {
-        let status = client.status().await.unwrap();
+        let status = client.admin().status().await.unwrap();
         status.mount_quotas.iter().any(|q| {
             q.path == "/data" && q.quota_bytes == quota && q.cached_bytes > 0 && q.cached_bytes <= quota
         }) && !status.mount_quotas.iter().any(|q| q.path == "/plain")
@@ -127,7 +127,7 @@ async fn blocks_leave_the_cache_once_their_mounts_cache_ttl_passes() {
     read_each(&client, &data).await;
     assert_eq!(cluster.ufs_reads(), before + 6, "each expired block is read from the UFS once more");
 
-    let status = client.status().await.unwrap();
+    let status = client.admin().status().await.unwrap();
     let q = status.mount_quotas.iter().find(|q| q.path == "/data").expect("/data has a TTL");
     assert_eq!((q.cache_ttl_ms, q.quota_bytes), (2_000, 0));
 }
@@ -158,14 +158,14 @@ async fn a_paths_cache_ttl_expires_its_blocks_alone_and_survives_a_master_restar
     let client = cluster.client().await;
     let short = files(&cluster, "/data", "short", 4, 300);
     let long = files(&cluster, "/data", "long", 4, 400);
-    let ttl = client.set_cache_ttl("/data/short", Some(Duration::from_secs(2))).await.unwrap();
+    let ttl = client.admin().set_cache_ttl("/data/short", Some(Duration::from_secs(2))).await.unwrap();
     assert_eq!((ttl.path.as_str(), ttl.cache_ttl_ms), ("/data/short", 2_000));
     // Durable: a restarted master lists it and hands it to the workers again.
     cluster.stop_master().await;
     cluster.start_master().await;
     cluster.wait_for_live_workers(3).await;
     let client = cluster.client().await;
-    let ttls = client.cache_ttls().await.unwrap();
+    let ttls = client.admin().cache_ttls().await.unwrap();
     assert_eq!(
         ttls.iter().map(|t| (t.path.as_str(), t.cache_ttl_ms)).collect::<Vec<_>>(),
         [("/data/short", 2_000)]
@@ -184,10 +184,10 @@ async fn a_paths_cache_ttl_expires_its_blocks_alone_and_survives_a_master_restar
     read_each(&client, &short).await;
     assert_eq!(cluster.ufs_reads(), before + 4, "each expired block is read again, exact");
 
-    client.set_cache_ttl("/data/short", None).await.unwrap();
-    assert!(client.cache_ttls().await.unwrap().is_empty());
-    let e = client.set_cache_ttl("/data/short", None).await.unwrap_err();
+    client.admin().set_cache_ttl("/data/short", None).await.unwrap();
+    assert!(client.admin().cache_ttls().await.unwrap().is_empty());
+    let e = client.admin().set_cache_ttl("/data/short", None).await.unwrap_err();
     assert_eq!(e.kind(), strata_common::ErrorKind::NotFound, "{e}");
-    let e = client.set_cache_ttl("/nowhere/x", Some(Duration::from_secs(5))).await.unwrap_err();
+    let e = client.admin().set_cache_ttl("/nowhere/x", Some(Duration::from_secs(5))).await.unwrap_err();
     assert_eq!(e.kind(), strata_common::ErrorKind::NotFound, "a path under no mount: {e}");
 }

@@ -82,8 +82,8 @@ async fn read_concurrently(client: &Client, files: &[&Placed], readers: usize, r
 }
 
 async fn warm(client: &Client, path: &str, replicas: u32) {
-    let job = client.submit_load(path, LoadOptions { replicas, ..Default::default() }).await.unwrap();
-    let job = client.wait_job(&job.id, Duration::from_millis(50), |_| {}).await.unwrap();
+    let job = client.admin().submit_load(path, LoadOptions { replicas, ..Default::default() }).await.unwrap();
+    let job = client.admin().wait_job(&job.id, Duration::from_millis(50), |_| {}).await.unwrap();
     assert_eq!(job.state(), JobState::Succeeded, "{job:?}");
 }
 
@@ -200,7 +200,7 @@ async fn locate_says_which_workers_and_nodes_hold_a_path() {
         "the block map lists every loaded block on both replicas",
         Duration::from_secs(20),
         || async {
-            let r = client.locate("/data/loc").await.unwrap();
+            let r = client.admin().locate("/data/loc").await.unwrap();
             let done =
                 r.cached_blocks == blocks && r.workers.iter().map(|w| w.blocks).sum::<u64>() == 2 * blocks;
             if !done {
@@ -210,7 +210,7 @@ async fn locate_says_which_workers_and_nodes_hold_a_path() {
         },
     )
     .await;
-    let r = client.locate("/data/loc").await.unwrap();
+    let r = client.admin().locate("/data/loc").await.unwrap();
     assert_eq!((r.path.as_str(), r.files, r.blocks, r.bytes), ("/data/loc", 13, blocks, bytes));
     assert_eq!(r.cached_bytes, bytes);
     assert_eq!(r.workers.iter().map(|w| w.blocks).sum::<u64>(), 2 * blocks, "two replicas of each");
@@ -225,7 +225,7 @@ async fn locate_says_which_workers_and_nodes_hold_a_path() {
 
     // One file: exactly its block's first two owners, a block each.
     let f = &files[0];
-    let r = client.locate(&f.path).await.unwrap();
+    let r = client.admin().locate(&f.path).await.unwrap();
     assert_eq!((r.files, r.blocks, r.cached_blocks), (1, 1, 1));
     let mut holders: Vec<&str> = r.workers.iter().map(|w| w.node.as_str()).collect();
     holders.sort();
@@ -235,10 +235,10 @@ async fn locate_says_which_workers_and_nodes_hold_a_path() {
 
     // Nothing cached yet: no worker, nothing cached.
     cluster.write_file("cold/x.bin", &pattern(10, 1));
-    let r = client.locate("/data/cold").await.unwrap();
+    let r = client.admin().locate("/data/cold").await.unwrap();
     assert_eq!((r.files, r.cached_blocks, r.workers.len()), (1, 0, 0));
 
-    let e = client.locate("/elsewhere/x").await.unwrap_err();
+    let e = client.admin().locate("/elsewhere/x").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     assert!(e.to_string().contains("not under any mount"), "{e}");
 }

@@ -135,10 +135,10 @@ async fn a_worker_holding_100k_blocks_restarts_and_reports_all_of_them() {
     cluster.restart_worker(0).await;
     cluster.wait_for_live_workers(1).await;
     eventually("the restarted worker reported all 100k blocks", Duration::from_secs(120), || async {
-        client.status().await.map(|s| s.blocks).unwrap_or(0) == ENTRIES as u64
+        client.admin().status().await.map(|s| s.blocks).unwrap_or(0) == ENTRIES as u64
     })
     .await;
-    let status = client.status().await.unwrap();
+    let status = client.admin().status().await.unwrap();
     assert_eq!(status.workers[0].blocks, ENTRIES as u64);
     client.refresh_view().await.unwrap();
     let before = cluster.ufs_reads();

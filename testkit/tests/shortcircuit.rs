@@ -289,13 +289,13 @@ async fn opting_out_on_either_side_reads_through_the_socket() {
     assert_eq!(on.grants.fd().shm_cached().0, 0);
     drop(held);
 
-    // The environment variable turns it off too.
-    // SAFETY: this test binary's other tests do not read the environment concurrently with
-    // this write in a way that matters: they set `short_circuit` explicitly.
+    // The environment variable turns it off too, for a configuration read from it.
+    // SAFETY: nextest runs each test in a process of its own; nothing else reads it meanwhile.
     unsafe { std::env::set_var(strata_client::shortcircuit::SHORT_CIRCUIT_ENV, "0") };
-    assert!(!ClientConfig::new("127.0.0.1:1").short_circuit);
+    assert!(!ClientConfig::from_env("127.0.0.1:1").short_circuit);
+    assert!(ClientConfig::new("127.0.0.1:1").short_circuit, "a configuration of its own reads nothing");
     unsafe { std::env::remove_var(strata_client::shortcircuit::SHORT_CIRCUIT_ENV) };
-    assert!(ClientConfig::new("127.0.0.1:1").short_circuit);
+    assert!(ClientConfig::from_env("127.0.0.1:1").short_circuit);
     off.shutdown().await;
     on.shutdown().await;
 }

@@ -94,7 +94,7 @@ async fn packed_and_unpacked_reads_of_the_same_ten_thousand_files_are_byte_ident
         .into_iter()
         .chain(cluster.ufs.mount_options())
         .collect();
-    client.add_mount("/plain", &cluster.ufs_uri(), options).await.expect("mount /plain");
+    client.admin().add_mount("/plain", &cluster.ufs_uri(), options).await.expect("mount /plain");
     eventually("every worker knows /plain", Duration::from_secs(20), || async {
         let mut all = true;
         for i in 0..cluster.worker_count() {
@@ -228,8 +228,12 @@ async fn a_warmup_of_small_files_loads_them_in_batches_packed_on_nvme() {
         })
         .collect();
     let client = cluster.client().await;
-    let job = client.submit_load("/data/w", LoadOptions { replicas: 1, ..Default::default() }).await.unwrap();
-    let done = client.wait_job(&job.id, Duration::from_millis(50), |_| {}).await.unwrap();
+    let job = client
+        .admin()
+        .submit_load("/data/w", LoadOptions { replicas: 1, ..Default::default() })
+        .await
+        .unwrap();
+    let done = client.admin().wait_job(&job.id, Duration::from_millis(50), |_| {}).await.unwrap();
     assert_eq!(done.state(), JobState::Succeeded, "{done:?}");
     assert_eq!((done.files_done, done.blocks_done, done.files_failed), (1500, 1500, 0));
     // Loaded means on NVMe: every file is an entry, in a handful of containers, none a file.

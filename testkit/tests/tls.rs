@@ -155,7 +155,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate_of_the_cluster_ca() {
     // No certificate.
     let bare = pki.client_without_cert();
     let err = refused("no client certificate, master", async {
-        Client::connect(config_with(&cluster, bare.clone())).await?.status().await
+        Client::connect(config_with(&cluster, bare.clone())).await?.admin().status().await
     })
     .await;
     assert!(err.contains("TLS"), "{err}");
@@ -171,7 +171,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate_of_the_cluster_ca() {
         ..pki.client_without_cert()
     };
     let err = refused("foreign client certificate, master", async {
-        Client::connect(config_with(&cluster, foreign.clone())).await?.status().await
+        Client::connect(config_with(&cluster, foreign.clone())).await?.admin().status().await
     })
     .await;
     assert!(err.contains("TLS"), "{err}");

@@ -139,21 +139,26 @@ async fn unreachable_endpoints_and_wrong_credentials_fail_at_mount_time() {
     let mut options: std::collections::HashMap<String, String> = c.ufs.mount_options().into_iter().collect();
     options.insert("endpoint".into(), format!("http://{closed}"));
     options.insert("ufs_retries".into(), "1".into());
-    let e =
-        client.add_mount("/refused", &c.ufs_uri(), options.clone()).await.map(|_| ()).expect_err("must fail");
+    let e = client
+        .admin()
+        .add_mount("/refused", &c.ufs_uri(), options.clone())
+        .await
+        .map(|_| ())
+        .expect_err("must fail");
     assert!(e.to_string().contains("/refused"), "the error names the mount: {e}");
 
     let mut wrong = c.ufs.mount_options().into_iter().collect::<std::collections::HashMap<_, _>>();
     wrong.insert("secret_access_key".into(), "not-the-secret".into());
-    let e = client.add_mount("/badkey", &c.ufs_uri(), wrong).await.map(|_| ()).expect_err("must fail");
+    let e =
+        client.admin().add_mount("/badkey", &c.ufs_uri(), wrong).await.map(|_| ()).expect_err("must fail");
     let msg = e.to_string();
     assert!(msg.contains("/badkey"), "the error names the mount: {msg}");
     assert!(!msg.contains("not-the-secret"), "secrets never appear in errors: {msg}");
     assert!(!matches!(e, ClientError::NotFound(_)), "{e}");
-    let mounts: Vec<String> = client.mounts().await.unwrap().into_iter().map(|m| m.path).collect();
+    let mounts: Vec<String> = client.admin().mounts().await.unwrap().into_iter().map(|m| m.path).collect();
     assert_eq!(mounts, vec!["/data".to_string()], "failed mounts are not added");
     // And the mount that exists never shows its secret.
-    let shown = &client.mounts().await.unwrap()[0];
+    let shown = &client.admin().mounts().await.unwrap()[0];
     assert_eq!(shown.options.get("secret_access_key").map(String::as_str), Some("***"));
 }
 

@@ -119,7 +119,7 @@ async fn split_range_reads(ufs: TestUfs) {
         ])
         .collect();
     let client = c.client().await;
-    client.add_mount("/split", &c.ufs_uri(), options.clone().into_iter().collect()).await.unwrap();
+    client.admin().add_mount("/split", &c.ufs_uri(), options.clone().into_iter().collect()).await.unwrap();
     assert_eq!(client.read_all("/split/split.bin").await.unwrap(), v1);
     let got = client.read_range("/split/split.bin", 4 * MIB - 3, 4 * MIB + 6).await.unwrap();
     assert!(got[..] == v1[(4 * MIB - 3) as usize..(8 * MIB + 3) as usize]);
@@ -217,7 +217,7 @@ async fn overwritten_and_deleted_objects(ufs: TestUfs) {
             ("block_size".to_string(), "1MiB".to_string()),
         ])
         .collect();
-    client.add_mount("/fresh", &c.ufs_uri(), options).await.unwrap();
+    client.admin().add_mount("/fresh", &c.ufs_uri(), options).await.unwrap();
     let (v1, v2, v3) =
         (pattern(2 * MIB as usize, 1), pattern(2 * MIB as usize, 2), pattern(2 * MIB as usize, 3));
     c.ufs.put("obj.bin", v1.clone()).await;

@@ -24,7 +24,7 @@ fn options(workers: usize) -> ClusterOptions {
 async fn wait_job(client: &Client, id: &str, timeout: Duration) -> JobInfo {
     let deadline = Instant::now() + timeout;
     loop {
-        let job = client.job_status(id).await.expect("job status");
+        let job = client.admin().job_status(id).await.expect("job status");
         if strata_client::job_finished(&job) {
             return job;
         }
@@ -38,7 +38,7 @@ async fn wait_until(cluster: &Cluster, id: &str, pred: impl Fn(&JobInfo) -> bool
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(client) = Client::connect(cluster.client_config()).await
-            && let Ok(job) = client.job_status(id).await
+            && let Ok(job) = client.admin().job_status(id).await
             && pred(&job)
         {
             return job;
@@ -65,7 +65,7 @@ async fn off_owners(client: &Client, rel: &str, replicas: usize) -> Option<Strin
     let path = format!("/data/{rel}");
     let info = client.stat(&path).await.unwrap();
     let ring = client.ring().await.unwrap();
-    let locations = client.block_locations(&path).await.unwrap();
+    let locations = client.admin().block_locations(&path).await.unwrap();
     let blocks = info.size.div_ceil(info.block_size);
     if locations.blocks.len() as u64 != blocks {
         return Some(format!("{path}: {} of {blocks} blocks cached", locations.blocks.len()));
@@ -99,7 +99,7 @@ async fn wait_on_owners<'a>(client: &Client, rels: impl IntoIterator<Item = &'a 
 async fn wait_schedule(client: &Client, id: &str, pred: impl Fn(&ScheduleInfo) -> bool) -> ScheduleInfo {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let info = client.list_schedules().await.unwrap().into_iter().find(|s| s.id == id);
+        let info = client.admin().list_schedules().await.unwrap().into_iter().find(|s| s.id == id);
         match info {
             Some(info) if pred(&info) => return info,
             info => assert!(Instant::now() < deadline, "schedule {id}: condition never held: {info:?}"),
@@ -140,7 +140,7 @@ async fn warmup_of_a_prefix_caches_every_block_on_two_distinct_owners() {
 
     let started = Instant::now();
     let opts = LoadOptions { replicas: 2, ..Default::default() };
-    let job = client.submit_load("/data/ds", opts).await.unwrap();
+    let job = client.admin().submit_load("/data/ds", opts).await.unwrap();
     let job = wait_job(&client, &job.id, Duration::from_secs(240)).await;
     let took = started.elapsed();
     assert_eq!(job.state(), JobState::Succeeded, "{job:?}");
@@ -160,7 +160,7 @@ async fn warmup_of_a_prefix_caches_every_block_on_two_distinct_owners() {
 
     wait_on_owners(&client, rels.iter().step_by(97).chain(rels.iter().rev().take(3)), 2).await;
     read_all_from_cache(&cluster, &client, &rels).await;
-    let outside = client.block_locations("/data/elsewhere/not-loaded.bin").await.unwrap();
+    let outside = client.admin().block_locations("/data/elsewhere/not-loaded.bin").await.unwrap();
     assert!(outside.blocks.is_empty(), "a file outside the prefix was loaded");
 }
 
@@ -185,7 +185,7 @@ async fn master_killed_mid_job(mount_options: &[(&str, &str)], kill_after_files:
     cluster.faults().read_delay_ms.store(20, Ordering::SeqCst);
     let client = cluster.client().await;
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
-    let id = client.submit_load("/data/resume", opts).await.unwrap().id;
+    let id = client.admin().submit_load("/data/resume", opts).await.unwrap().id;
     let before = wait_until(&cluster, &id, |j| j.files_done >= kill_after_files).await;
     assert!(before.files_done < 300, "the job finished before the master could be killed");
     cluster.stop_master().await;
@@ -213,7 +213,7 @@ async fn a_worker_killed_mid_job_has_its_tasks_reassigned() {
     let client = cluster.client().await;
     // --verify: blocks the dead worker had loaded are loaded again on their new owners.
     let opts = LoadOptions { parallelism: 1, verify: true, ..Default::default() };
-    let id = client.submit_load("/data/lose", opts).await.unwrap().id;
+    let id = client.admin().submit_load("/data/lose", opts).await.unwrap().id;
     wait_until(&cluster, &id, |j| j.files_done >= 30).await;
     cluster.kill_worker(0).await;
     let done = wait_job(&client, &id, Duration::from_secs(90)).await;
@@ -232,7 +232,7 @@ async fn verify_loads_a_file_added_after_the_first_pass() {
     cluster.faults().read_delay_ms.store(30, Ordering::SeqCst);
     let client = cluster.client().await;
     let opts = LoadOptions { parallelism: 1, verify: true, ..Default::default() };
-    let id = client.submit_load("/data/v", opts).await.unwrap().id;
+    let id = client.admin().submit_load("/data/v", opts).await.unwrap().id;
     wait_until(&cluster, &id, |j| j.pass == 1 && j.listing_done).await;
     let late = "v/late/new.bin";
     cluster.write_file(late, &pattern(3 * BLOCK as usize + 5, 99));
@@ -257,7 +257,7 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     cluster.faults().read_delay_ms.store(1_000, Ordering::SeqCst);
     let client = cluster.client().await;
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
-    let schedule = client.add_schedule("* * * * * *", "", "/data/nightly", opts).await.unwrap();
+    let schedule = client.admin().add_schedule("* * * * * *", "", "/data/nightly", opts).await.unwrap();
     let started = Instant::now();
     wait_schedule(&client, &schedule.id, |s| s.skipped >= 2).await;
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
@@ -269,8 +269,9 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     };
     // Until a second run has finished (a loaded CI machine stretches the slow first run).
     let (info, jobs) = loop {
-        let info = client.list_schedules().await.unwrap().into_iter().find(|s| s.id == schedule.id).unwrap();
-        let jobs = jobs_of(client.list_jobs(true, 0).await.unwrap());
+        let info =
+            client.admin().list_schedules().await.unwrap().into_iter().find(|s| s.id == schedule.id).unwrap();
+        let jobs = jobs_of(client.admin().list_jobs(true, 0).await.unwrap());
         if jobs.len() >= 2 && jobs[1].finished_ms > 0 {
             break (info, jobs);
         }
@@ -299,19 +300,23 @@ async fn a_seconds_schedule_fires_on_time_never_twice_at_once_and_survives_resta
     cluster.stop_master().await;
     cluster.start_master().await;
     let client = cluster.client().await;
-    let after = client.list_schedules().await.unwrap();
+    let after = client.admin().list_schedules().await.unwrap();
     assert!(after.iter().any(|s| s.id == schedule.id && s.fired >= info.fired), "schedule lost in a restart");
-    client.remove_schedule(&schedule.id).await.unwrap();
+    client.admin().remove_schedule(&schedule.id).await.unwrap();
     // A witness on the same seconds: one tick decides every due schedule, and ticks never
     // overlap, so once the witness has decided, any fire of the removed schedule that raced the
     // removal has landed; two more decisions span times at which it would have fired again.
     let dry = LoadOptions { dry_run: true, ..Default::default() };
-    let witness = client.add_schedule("* * * * * *", "", "/data/nightly", dry).await.unwrap();
+    let witness = client.admin().add_schedule("* * * * * *", "", "/data/nightly", dry).await.unwrap();
     wait_schedule(&client, &witness.id, |s| s.fired + s.skipped >= 1).await;
-    let count = jobs_of(client.list_jobs(true, 0).await.unwrap()).len();
+    let count = jobs_of(client.admin().list_jobs(true, 0).await.unwrap()).len();
     wait_schedule(&client, &witness.id, |s| s.fired + s.skipped >= 3).await;
-    assert_eq!(jobs_of(client.list_jobs(true, 0).await.unwrap()).len(), count, "fired after unschedule");
-    client.remove_schedule(&witness.id).await.unwrap();
+    assert_eq!(
+        jobs_of(client.admin().list_jobs(true, 0).await.unwrap()).len(),
+        count,
+        "fired after unschedule"
+    );
+    client.admin().remove_schedule(&witness.id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -319,43 +324,52 @@ async fn bad_input_gets_a_clear_error_and_cancel_stops_a_job() {
     let cluster = Cluster::start(options(3)).await;
     small_files(&cluster, "b", 40, 51);
     let client = cluster.client().await;
-    let e = client.submit_load("/data/nope", LoadOptions::default()).await.unwrap_err();
+    let e = client.admin().submit_load("/data/nope", LoadOptions::default()).await.unwrap_err();
     assert!(matches!(e, ClientError::NotFound(ref m) if m.contains("/data/nope")), "{e}");
-    let e =
-        client.submit_load("/data/b", LoadOptions { replicas: 4, ..Default::default() }).await.unwrap_err();
+    let e = client
+        .admin()
+        .submit_load("/data/b", LoadOptions { replicas: 4, ..Default::default() })
+        .await
+        .unwrap_err();
     assert!(matches!(e, ClientError::InvalidArgument(ref m) if m.contains("--replicas 4")), "{e}");
     let e = client
+        .admin()
         .submit_load("/data/b", LoadOptions { include: vec!["[".into()], ..Default::default() })
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::InvalidArgument(ref m) if m.contains("bad glob")), "{e}");
-    let e = client.add_schedule("0 25 * * *", "", "/data/b", LoadOptions::default()).await.unwrap_err();
+    let e =
+        client.admin().add_schedule("0 25 * * *", "", "/data/b", LoadOptions::default()).await.unwrap_err();
     assert!(matches!(e, ClientError::InvalidArgument(ref m) if m.contains("bad cron")), "{e}");
     let e = client
+        .admin()
         .add_schedule("0 1 * * *", "Nowhere/Town", "/data/b", LoadOptions::default())
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::InvalidArgument(ref m) if m.contains("time zone")), "{e}");
-    let e = client.job_status("job-missing").await.unwrap_err();
+    let e = client.admin().job_status("job-missing").await.unwrap_err();
     assert!(matches!(e, ClientError::NotFound(_)), "{e}");
 
     // A dry run counts and loads nothing.
-    let dry =
-        client.submit_load("/data/b", LoadOptions { dry_run: true, ..Default::default() }).await.unwrap();
+    let dry = client
+        .admin()
+        .submit_load("/data/b", LoadOptions { dry_run: true, ..Default::default() })
+        .await
+        .unwrap();
     let dry = wait_job(&client, &dry.id, Duration::from_secs(30)).await;
     assert_eq!((dry.state(), dry.files_total), (JobState::Succeeded, 40));
     assert_eq!(cluster.ufs_reads(), 0);
 
     cluster.faults().read_delay_ms.store(200, Ordering::SeqCst);
     let opts = LoadOptions { parallelism: 1, ..Default::default() };
-    let job = client.submit_load("/data/b", opts).await.unwrap();
+    let job = client.admin().submit_load("/data/b", opts).await.unwrap();
     // Cancel while loads are running: once the first one has reached the (slowed) UFS.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while cluster.ufs_reads() == 0 {
         assert!(std::time::Instant::now() < deadline, "the job never started loading");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cancelled = client.cancel_job(&job.id).await.unwrap();
+    let cancelled = client.admin().cancel_job(&job.id).await.unwrap();
     assert_eq!(cancelled.state(), JobState::Cancelled);
     cluster.faults().read_delay_ms.store(0, Ordering::SeqCst);
     let reads = cluster.ufs_reads();
@@ -366,6 +380,6 @@ async fn bad_input_gets_a_clear_error_and_cancel_stops_a_job() {
     // window, which small files' fetches share SMALL_PER_LOAD at a time; nothing starts after.
     let in_flight = 3 * strata_worker::qos::SMALL_PER_LOAD as u64;
     assert!(cluster.ufs_reads() <= reads + in_flight, "loads went on after cancel");
-    let again = client.job_status(&job.id).await.unwrap();
+    let again = client.admin().job_status(&job.id).await.unwrap();
     assert!(again.files_done < 40 && again.state() == JobState::Cancelled, "{again:?}");
 }
