@@ -7,8 +7,11 @@
 # target dir, and runs pytest over the `strata` binary the test build produced.
 
 stratafs_tests() {
-  local root venv py
+  local root venv py target
   root="$(pwd)"
+  # The test build's target dir: the workspace's own unless CARGO_TARGET_DIR moved it (a second
+  # worktree of the repository builds into its own).
+  target="${CARGO_TARGET_DIR:-$root/target}"
   venv="${STRATA_TOOLS_DIR:-$HOME/.cache/strata-tools}/py-venv"
   py="$venv/bin/python"
   local pip=("$py" -m pip)
@@ -25,17 +28,17 @@ stratafs_tests() {
   # The dev profile and the shared target dir reuse the dependencies the test build compiled
   # (those whose features agree: cargo unifies features per invocation, so crates that other
   # workspace members enable extra features of are compiled once more for this build).
-  rm -rf target/stratafs-wheel
+  rm -rf "$target/stratafs-wheel"
   "$venv/bin/maturin" build --profile dev --manifest-path python/Cargo.toml -i "$py" \
-    --out target/stratafs-wheel
-  "${pip[@]}" install -q --disable-pip-version-check --force-reinstall --no-deps target/stratafs-wheel/stratafs-*.whl
+    --out "$target/stratafs-wheel"
+  "${pip[@]}" install -q --disable-pip-version-check --force-reinstall --no-deps "$target"/stratafs-wheel/stratafs-*.whl
   # --timeout: a hanging test fails by name instead of holding CI.
-  STRATA_BIN="$root/target/debug/strata" "$py" -m pytest -q -p no:cacheprovider --timeout 900 python/tests || return 1
+  STRATA_BIN="$target/debug/strata" "$py" -m pytest -q -p no:cacheprovider --timeout 900 python/tests || return 1
   # The small-file benchmark at a smoke size (debug build, Garage): it runs and reads back every
   # file; its figures come from release builds on a quiet machine (docs/BENCHMARKS.md).
-  "$py" bench/small_files_bench.py --files 300 --strata-bin "$root/target/debug/strata" --memory 256MiB || return 1
+  "$py" bench/small_files_bench.py --files 300 --strata-bin "$target/debug/strata" --memory 256MiB || return 1
   # The prefetch benchmark likewise: a cold shuffled epoch with and without hints, read back whole,
   # with the store reached through the proxy that delays each request (bench/delay_proxy.py).
-  "$py" bench/prefetch_bench.py --files 300 --rounds 1 --strata-bin "$root/target/debug/strata" --memory 256MiB \
+  "$py" bench/prefetch_bench.py --files 300 --rounds 1 --strata-bin "$target/debug/strata" --memory 256MiB \
     --store-delay-ms 5
 }

@@ -183,9 +183,14 @@ impl Cluster {
         })
     }
 
+    /// The journals' files (not the marker that says the directory is the worker's own).
     fn journal_files(&self, i: usize) -> Vec<String> {
         std::fs::read_dir(self.journal_dir(i))
-            .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|name| name != strata_ufs::STATE_MARKER)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }

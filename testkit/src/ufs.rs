@@ -96,6 +96,8 @@ impl TestUfs {
     }
 
     /// Direct access to the same root, bypassing Strata (to write test objects and to measure).
+    /// A server's temporary errors (a busy store answering 503) are retried with backoff, as the
+    /// product's own UFS layer does: a fixture must not fail a test on what a client rides out.
     pub fn operator(&self) -> Operator {
         opendal::install_default();
         let mut config: BTreeMap<String, String> = BTreeMap::new();
@@ -111,7 +113,13 @@ impl TestUfs {
                 "s3"
             }
         };
-        Operator::via_iter(scheme, config).expect("operator")
+        Operator::via_iter(scheme, config).expect("operator").layer(
+            opendal::layers::RetryLayer::new()
+                .with_max_times(8)
+                .with_jitter()
+                .with_min_delay(std::time::Duration::from_millis(50))
+                .with_max_delay(std::time::Duration::from_secs(2)),
+        )
     }
 
     pub async fn put(&self, rel: &str, bytes: Vec<u8>) {

@@ -72,9 +72,15 @@ impl StateFence {
         Self::default()
     }
 
-    /// Makes `dir` (and its parents) if missing, marks it as state and fences it.
+    /// Makes `dir` (and its parents) if missing, marks it as state and fences it. A directory
+    /// inside one this fence claimed already is fenced without a marker of its own (the one
+    /// above covers it, and its owner need not meet a stranger among its files).
     pub fn claim_dir(&self, dir: &Path) -> io::Result<PathBuf> {
-        let resolved = mark_state_dir(dir)?;
+        std::fs::create_dir_all(dir)?;
+        let resolved = std::fs::canonicalize(dir)?;
+        if !self.read().own.iter().any(|claimed| resolved.starts_with(claimed)) {
+            mark_state_dir(&resolved)?;
+        }
         self.write().own.insert(resolved.clone());
         Ok(resolved)
     }
