@@ -274,6 +274,10 @@ impl Shared {
         let need = index.reserved + size + (self.capacity - limit);
         let victims = match index.policy.victims(need, |k| pinned.is_some_and(|is_pinned| is_pinned(k))) {
             Ok(victims) => victims,
+            // Pins leave room for the block beside them, but puts in flight hold it: once they
+            // land they are evictable, as they would be had this put come after them, so wait
+            // for them rather than refuse a put a caller alone would see succeed.
+            Err(pinned_bytes) if index.reserved > 0 && pinned_bytes + size <= limit => return BeginPut::Wait,
             Err(pinned_bytes) => return BeginPut::Pinned(pinned_bytes),
         };
         let retired = victims
@@ -387,6 +391,38 @@ mod tests {
         let mut replayed = BTreeMap::new();
         replay(&mut replayed, tier.drain_events());
         assert_eq!(replayed, key_set(&tier));
+    }
+
+    #[tokio::test]
+    async fn a_put_waits_for_puts_in_flight_rather_than_be_refused_for_pins() {
+        // Alone, the second put would evict the first to make room beside the pinned block (and
+        // a `put_many` of both must give it what a put would); while the first is in flight its
+        // bytes cannot be evicted, so the second waits for it to land instead of being refused.
+        let dir = tempfile::tempdir().unwrap();
+        let tier = NvmeTier::open(dir.path(), 100).unwrap();
+        assert!(tier.set_pin_filter(Arc::new(|k: &BlockKey| k.index == 0)));
+        tier.put(&key(0), data_for(0, 60)).await.unwrap();
+        let BeginPut::Write(job) = tier.shared.begin_put(&key(1), 30) else {
+            panic!("expected a write to start");
+        };
+        let k2 = key(2);
+        let mut second = pin!(tier.put(&k2, data_for(2, 30)));
+        let wait = Duration::from_millis(50);
+        assert!(
+            tokio::time::timeout(wait, second.as_mut()).await.is_err(),
+            "refused while a put was in flight"
+        );
+
+        tokio::task::spawn_blocking(move || job.run(data_for(1, 30))).await.unwrap().unwrap();
+        second.await.unwrap();
+        assert_eq!(key_set(&tier), [(key(0), 60), (key(2), 30)].into_iter().collect());
+        // Only pins in the way and nothing in flight: refused at once, nothing evicted.
+        tier.drain_events();
+        match tier.put(&key(3), data_for(3, 50)).await {
+            Err(TierError::Pinned { size: 50, pinned: 60, capacity: 100 }) => {}
+            other => panic!("expected Pinned, got {other:?}"),
+        }
+        assert!(tier.drain_events().is_empty());
     }
 
     #[test]
