@@ -15,7 +15,11 @@
 //! - a block put with [`PutParams::packed`] (a small file's) is stored like any other as far as
 //!   this contract goes; the NVMe tier keeps it as an entry of a shared container file instead
 //!   of a file of its own (see `nvme`), so many small blocks cost one file and one write.
+//!
+//! `conformance` (tests only) checks this contract, through the trait alone, against every tier.
 
+#[cfg(test)]
+mod conformance;
 mod memory;
 mod nvme;
 pub mod policy;

@@ -42,7 +42,9 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use strata_common::BlockKey;
 
-use super::{FORMAT_VERSION, HEADER_CRC_LEN, Header, MAX_HEADER_LEN, MIN_KEY_LEN, Malformed, le_u32, le_u64};
+use super::format::{
+    FORMAT_VERSION, HEADER_CRC_LEN, Header, MAX_HEADER_LEN, MIN_KEY_LEN, Malformed, le_u32, le_u64,
+};
 
 pub(super) const PACKS_DIR: &str = "packs";
 const PACK_EXT: &str = "pack";
